@@ -1,0 +1,1 @@
+"""polar: command line entry point."""

@@ -1,0 +1,1 @@
+"""polar_traj: trajectories from captured calls, written as Parquet."""

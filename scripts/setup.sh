@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# One-command setup, safe to re-run: venv + package, Redis on 127.0.0.1:6379, bubblewrap,
+# relocated Apptainer (DESIGN.md §6), the six harness CLIs into a project-local npm prefix.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/lib.sh
+
+step "python venv and package"
+bash scripts/setup_python.sh
+
+step "system packages"
+bash scripts/setup_apt.sh
+
+step "redis on 127.0.0.1:6379"
+bash scripts/setup_redis.sh
+
+step "apptainer (relocated)"
+bash scripts/install_apptainer.sh
+
+step "harness CLIs (npm, pinned)"
+bash scripts/install_harnesses.sh
+
+step "setup done"
