@@ -1,0 +1,90 @@
+"""One LLM call through the proxy: its state from request to record, as plain functions."""
+from __future__ import annotations
+
+import time
+import uuid
+from array import array
+from dataclasses import dataclass, field
+from typing import Any
+
+from polar_mitm.conversation import Completion, Conversation, Message, ReplyEvent
+from polar_mitm.detok import Detokenizer
+from polar_mitm.engine import EngineOutput
+from polar_mitm.prompt import CallTokens, Prompt
+from polar_mitm.reply import ReplyParser
+from polar_mitm.routes import Route
+from polar_mitm.sessions import Session
+from polar_traj.records import CallRecord
+
+
+@dataclass
+class Call:
+    call_id: str
+    session: Session
+    route: Route
+    conv: Conversation
+    request_body: dict[str, Any]
+    started_at: float
+    prompt: Prompt | None = None
+    output: EngineOutput = field(default_factory=EngineOutput)
+    detok: Detokenizer | None = None
+    parser: ReplyParser | None = None
+    recorded: bool = False
+
+
+def new_call_id() -> str:
+    return "call-" + uuid.uuid4().hex[:20]
+
+
+def feed_ids(call: Call, ids: list[int], stop_ids: frozenset[int]) -> list[ReplyEvent]:
+    """Turn newly sampled ids into reply events (text, reasoning, finished tool calls)."""
+    text = call.detok.feed([t for t in ids if t not in stop_ids])
+    return call.parser.feed(text) if text else []
+
+
+def finish_events(call: Call) -> list[ReplyEvent]:
+    tail = call.detok.flush()
+    events = call.parser.feed(tail) if tail else []
+    return events + call.parser.finish()
+
+
+def completion_of(call: Call, stop_ids: frozenset[int]) -> Completion:
+    reply = call.parser.result()
+    out = call.output
+    if reply.tool_calls:
+        finish = "tool_calls"
+    elif out.finish_reason == "length" and not (out.output_ids and out.output_ids[-1] in stop_ids):
+        finish = "length"
+    else:
+        finish = "stop"
+    return Completion(
+        id=call.call_id, model=call.conv.model, content=reply.content, reasoning=reply.reasoning,
+        tool_calls=reply.tool_calls, finish_reason=finish,
+        prompt_tokens=len(call.prompt.ids) if call.prompt else 0, completion_tokens=len(out.output_ids),
+    )
+
+
+def reply_message(c: Completion) -> Message:
+    return Message("assistant", c.content, c.reasoning, c.tool_calls)
+
+
+def call_tokens(call: Call, stop_ids: frozenset[int]) -> CallTokens:
+    ids = call.output.output_ids
+    return CallTokens(call.call_id, array("i", call.prompt.ids), array("i", ids), bool(ids) and ids[-1] in stop_ids)
+
+
+def make_record(call: Call, response: dict[str, Any] | None, error: str | None = None,
+                flags: tuple[str, ...] = ()) -> CallRecord:
+    ended = time.time()
+    out = call.output
+    return CallRecord(
+        call_id=call.call_id, task_id=call.session.task_id, session_id=call.session.session_id,
+        api=call.route.api, model=call.conv.model, stream=call.conv.stream,
+        started_at=call.started_at, ended_at=ended, latency_ms=round((ended - call.started_at) * 1000, 3),
+        policy_version=out.weight_version,
+        prompt_ids=tuple(call.prompt.ids) if call.prompt else (),
+        output_ids=tuple(out.output_ids), output_logprobs=tuple(out.logprobs),
+        finish_reason=out.finish_reason, prefix_source=call.prompt.source if call.prompt else "rendered:none",
+        parent_call_id=call.prompt.parent_call_id if call.prompt else None,
+        request=call.request_body, response=response, error=error, flags=flags,
+    )

@@ -1,0 +1,77 @@
+"""The served model as the proxy needs it: tokenizer, chat template, stop tokens, context length."""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from polar_mitm.detok import Detokenizer
+from polar_mitm.prompt import ChatRenderer
+from polar_mitm.reply import ReplyParser
+
+TOOL_PARSERS = ("hermes", "qwen3_coder")
+REASONING_PARSERS = ("think", "none")
+
+
+@dataclass(frozen=True)
+class Model:
+    tokenizer: Any
+    renderer: ChatRenderer
+    stop_ids: frozenset[int]  # end-of-turn ids: sampled last, never shown as text
+    context_length: int
+    served_names: tuple[str, ...]
+    tool_parser: str
+    reasoning_parser: str | None
+
+    def new_decoder(self, call_id: str) -> tuple[Detokenizer, ReplyParser]:
+        return Detokenizer(self.tokenizer), ReplyParser(self.tool_parser, self.reasoning_parser, id_prefix=call_id)
+
+
+def load_model(spec: str, tool_parser: str, reasoning_parser: str, context_length: int = 0) -> Model:
+    """Load from a local directory (or a .gguf file inside one); raises ValueError with the reason."""
+    if tool_parser not in TOOL_PARSERS:
+        raise ValueError(f"tool parser must be one of {TOOL_PARSERS}, got {tool_parser!r}")
+    if reasoning_parser not in REASONING_PARSERS:
+        raise ValueError(f"reasoning parser must be one of {REASONING_PARSERS}, got {reasoning_parser!r}")
+    path = Path(spec).expanduser()
+    if not path.exists():
+        raise ValueError(f"{path} does not exist")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach a hub from the proxy
+    from transformers import AutoTokenizer
+
+    kwargs = {"gguf_file": path.name} if path.suffix == ".gguf" else {}
+    model_dir = path.parent if kwargs else path
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(model_dir), **kwargs)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"cannot load a tokenizer from {path}: {e}") from e
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError(f"{path} has no chat template")
+    config = _read_json(model_dir / "config.json")
+    stop = set(_as_list(_read_json(model_dir / "generation_config.json").get("eos_token_id")))
+    if tokenizer.eos_token_id is not None:
+        stop.add(tokenizer.eos_token_id)
+    return Model(
+        tokenizer=tokenizer,
+        renderer=ChatRenderer(tokenizer),
+        stop_ids=frozenset(stop),
+        context_length=context_length or int(config.get("max_position_embeddings") or 32768),
+        served_names=(model_dir.name,),
+        tool_parser=tool_parser,
+        reasoning_parser=None if reasoning_parser == "none" else reasoning_parser,
+    )
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def _as_list(value: Any) -> list[int]:
+    if value is None:
+        return []
+    return [int(v) for v in value] if isinstance(value, list) else [int(value)]

@@ -1,0 +1,165 @@
+"""Prompt token ids for a Conversation: the model's chat template, plus history substitution.
+
+Harnesses re-send the whole history every turn. When a request replays an earlier call of the same
+session (its messages, then the reply that call sampled), the prompt is that call's
+`prompt_ids + output_ids` followed by the rendering of only the new messages, so the token stream
+stays append-only and holds exactly what the model sampled (DESIGN.md §1, issue 3 item 5).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from array import array
+from dataclasses import dataclass, field
+from typing import Any
+
+from polar_mitm.conversation import Conversation, Message, Tool
+
+# A fixed stand-in history: the delta of new messages is rendered after it and cut off, so the
+# per-turn template work does not grow with the real history.
+_BASE = (Message("user", "polar-base"), Message("assistant", "polar-base"))
+
+
+def to_template_messages(messages: tuple[Message, ...]) -> list[dict[str, Any]]:
+    """Neutral messages in the shape HF chat templates expect."""
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        d: dict[str, Any] = {"role": m.role, "content": m.content}
+        if m.reasoning:
+            d["reasoning_content"] = m.reasoning
+        if m.tool_calls:
+            d["tool_calls"] = [
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.args()}}
+                for c in m.tool_calls
+            ]
+        if m.role == "tool":
+            d["tool_call_id"] = m.tool_call_id
+            if m.name:
+                d["name"] = m.name
+        out.append(d)
+    return out
+
+
+def to_template_tools(tools: tuple[Tool, ...]) -> list[dict[str, Any]] | None:
+    if not tools:
+        return None
+    return [
+        {"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.parameters}}
+        for t in tools
+    ]
+
+
+def message_key(m: Message) -> str:
+    """What a replayed message must keep to count as the same turn: harnesses re-encode tool-call JSON,
+    reassign ids, move cache markers and keep or drop reasoning, none of which changes its meaning."""
+    calls = [[c.name, c.args()] for c in m.tool_calls]
+    return json.dumps([m.role, m.content.strip(), calls, m.name], sort_keys=True, ensure_ascii=False)
+
+
+def _chain(prev: bytes, item: str) -> bytes:
+    return hashlib.blake2b(prev + item.encode(), digest_size=16).digest()
+
+
+def conversation_hashes(conv: Conversation) -> list[bytes]:
+    """h[k] identifies (tools, messages[:k]); h[0] covers tools only."""
+    tools = json.dumps([[t.name, t.description, t.parameters] for t in conv.tools], sort_keys=True)
+    hashes = [_chain(b"", tools)]
+    for m in conv.messages:
+        hashes.append(_chain(hashes[-1], message_key(m)))
+    return hashes
+
+
+@dataclass
+class CallTokens:
+    """What the history needs to remember of one finished call."""
+
+    call_id: str
+    prompt_ids: array
+    output_ids: array
+    ended_with_eos: bool
+
+
+@dataclass(frozen=True)
+class Prompt:
+    ids: list[int]
+    source: str  # "substituted" | "rendered:<why>"
+    parent_call_id: str | None
+    hashes: list[bytes] = field(repr=False)
+
+
+class ChatRenderer:
+    """Renders conversations with one tokenizer's chat template."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.eos_text = tokenizer.decode([tokenizer.eos_token_id]) if tokenizer.eos_token_id is not None else ""
+        self._bases: dict[bytes, tuple[str, str]] = {}
+
+    def _base(self, tools: tuple[Tool, ...], tools_key: bytes) -> tuple[str, str]:
+        """The stand-in history rendered with these tools, and the text the template puts after the
+        sampled end-of-turn token (e.g. "\n"), which belongs to the delta."""
+        if tools_key not in self._bases:
+            if len(self._bases) > 64:
+                self._bases.clear()
+            base = self.render_text(_BASE, tools, generation_prompt=False)
+            cut = base.rfind(self.eos_text) + len(self.eos_text) if self.eos_text else len(base)
+            self._bases[tools_key] = (base, base[cut:])
+        return self._bases[tools_key]
+
+    def render_text(self, messages: tuple[Message, ...], tools: tuple[Tool, ...], generation_prompt: bool) -> str:
+        return self.tokenizer.apply_chat_template(
+            to_template_messages(messages),
+            tools=to_template_tools(tools),
+            add_generation_prompt=generation_prompt,
+            tokenize=False,
+        )
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def render_full(self, conv: Conversation) -> list[int]:
+        return self.encode(self.render_text(conv.messages, conv.tools, generation_prompt=True))
+
+    def render_delta(
+        self, new: tuple[Message, ...], tools: tuple[Tool, ...], tools_key: bytes, ended_with_eos: bool
+    ) -> list[int] | None:
+        """Token ids that follow a sampled assistant turn and introduce `new` plus the generation prompt;
+        None when the template does not render the delta as an append (then render in full)."""
+        base_text, after_eos = self._base(tools, tools_key)
+        full = self.render_text(_BASE + new, tools, generation_prompt=True)
+        if not full.startswith(base_text):
+            return None
+        delta = after_eos + full[len(base_text):]
+        if not ended_with_eos:
+            delta = self.eos_text + delta  # the turn was cut short: close it as the template would
+        return self.encode(delta)
+
+
+class SessionHistory:
+    """Finished calls of one session, keyed by the hash of (tools, messages + the reply they produced)."""
+
+    def __init__(self) -> None:
+        self._calls: dict[bytes, CallTokens] = {}
+
+    def remember(self, prompt: Prompt, reply: Message, call: CallTokens) -> None:
+        self._calls[_chain(prompt.hashes[-1], message_key(reply))] = call
+
+    def build_prompt(self, conv: Conversation, renderer: ChatRenderer) -> Prompt:
+        hashes = conversation_hashes(conv)
+        why = "first_call" if not self._calls else "no_matching_call"
+        # Longest replayed prefix that ends with one of our replies, leaving new messages after it.
+        for k in range(len(conv.messages) - 1, 0, -1):
+            parent = self._calls.get(hashes[k])
+            if parent is None:
+                continue
+            if conv.messages[k - 1].role != "assistant":
+                continue
+            delta = renderer.render_delta(conv.messages[k:], conv.tools, hashes[0], parent.ended_with_eos)
+            if delta is None:
+                why = "template_not_append_only"
+                break
+            ids = list(parent.prompt_ids)
+            ids.extend(parent.output_ids)
+            ids.extend(delta)
+            return Prompt(ids, "substituted", parent.call_id, hashes)
+        return Prompt(renderer.render_full(conv), f"rendered:{why}", None, hashes)
