@@ -51,12 +51,8 @@ def finish_events(call: Call) -> list[ReplyEvent]:
 def completion_of(call: Call, stop_ids: frozenset[int]) -> Completion:
     reply = call.parser.result()
     out = call.output
-    if reply.tool_calls:
-        finish = "tool_calls"
-    elif out.finish_reason == "length" and not (out.output_ids and out.output_ids[-1] in stop_ids):
-        finish = "length"
-    else:
-        finish = "stop"
+    cut_short = out.finish_reason == "length" and not (out.output_ids and out.output_ids[-1] in stop_ids)
+    finish = "length" if cut_short else "tool_calls" if reply.tool_calls else "stop"
     return Completion(
         id=call.call_id, model=call.conv.model, content=reply.content, reasoning=reply.reasoning,
         tool_calls=reply.tool_calls, finish_reason=finish,

@@ -7,12 +7,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from polar_mitm.conversation import Message
 from polar_mitm.detok import Detokenizer
 from polar_mitm.prompt import ChatRenderer
 from polar_mitm.reply import ReplyParser
 
 TOOL_PARSERS = ("hermes", "qwen3_coder")
 REASONING_PARSERS = ("think", "none")
+_PROBE = (Message("user", "hi"),)
 
 
 @dataclass(frozen=True)
@@ -24,9 +26,12 @@ class Model:
     served_names: tuple[str, ...]
     tool_parser: str
     reasoning_parser: str | None
+    starts_in_reasoning: bool  # the generation prompt already opens <think> (Qwen3-style thinking templates)
 
     def new_decoder(self, call_id: str) -> tuple[Detokenizer, ReplyParser]:
-        return Detokenizer(self.tokenizer), ReplyParser(self.tool_parser, self.reasoning_parser, id_prefix=call_id)
+        parser = ReplyParser(self.tool_parser, self.reasoning_parser, starts_in_reasoning=self.starts_in_reasoning,
+                             call_id_prefix=call_id.replace("call-", "call_") + "_")
+        return Detokenizer(self.tokenizer), parser
 
 
 def load_model(spec: str, tool_parser: str, reasoning_parser: str, context_length: int = 0) -> Model:
@@ -53,14 +58,18 @@ def load_model(spec: str, tool_parser: str, reasoning_parser: str, context_lengt
     stop = set(_as_list(_read_json(model_dir / "generation_config.json").get("eos_token_id")))
     if tokenizer.eos_token_id is not None:
         stop.add(tokenizer.eos_token_id)
+    renderer = ChatRenderer(tokenizer)
+    reasoning = None if reasoning_parser == "none" else reasoning_parser
+    opened = renderer.render_text(_PROBE, (), generation_prompt=True).rstrip().endswith("<think>")
     return Model(
         tokenizer=tokenizer,
-        renderer=ChatRenderer(tokenizer),
+        renderer=renderer,
         stop_ids=frozenset(stop),
         context_length=context_length or int(config.get("max_position_embeddings") or 32768),
         served_names=(model_dir.name,),
         tool_parser=tool_parser,
-        reasoning_parser=None if reasoning_parser == "none" else reasoning_parser,
+        reasoning_parser=reasoning,
+        starts_in_reasoning=bool(reasoning) and opened,
     )
 
 

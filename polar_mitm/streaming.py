@@ -1,7 +1,6 @@
 """Live streaming: the engine's token stream, translated chunk by chunk into the provider's SSE."""
 from __future__ import annotations
 
-import json
 import logging
 from typing import Callable
 
@@ -24,19 +23,21 @@ class StreamTranslator:
     def __init__(self, engine: str, call: Call, model, finish: Callable[[Call, str | None], Completion]) -> None:
         self.engine, self.call, self.model, self.finish = engine, call, model, finish
         codec = CODECS[call.route.api]
-        self.encoder = codec.StreamEncoder(call.call_id, call.conv.model, **_encoder_options(call))
+        self.encoder = codec.StreamEncoder(call.call_id, call.conv.model, prompt_tokens=len(call.prompt.ids),
+                                          **codec.encoder_options(call.request_body))
         self.sse = SSEDecoder()
         self.started = False
         self.error: str | None = None
 
-    def __call__(self, chunk: bytes) -> bytes:
+    def __call__(self, chunk: bytes) -> list[bytes]:
+        # A list, never b"": mitmproxy would send an empty bytes as the terminating chunk.
         out = [] if self.started else [self.encoder.start()]
         self.started = True
         if chunk:
             out.extend(self._translate(chunk))
         else:
             out.append(self._end())
-        return b"".join(out)
+        return [b for b in out if b]
 
     def _translate(self, chunk: bytes) -> list[bytes]:
         if self.error:
@@ -68,12 +69,4 @@ class StreamTranslator:
 
     def _error_event(self, message: str) -> bytes:
         log.error("polar: call %s: %s", self.call.call_id, message)
-        body = CODECS[self.call.route.api].render_error(ProviderError(502, f"polar: {message}", "api_error"))
-        return b"event: error\ndata: " + json.dumps(body).encode() + b"\n\n"
-
-
-def _encoder_options(call: Call) -> dict:
-    if call.route.api == "openai_chat":
-        opts = call.request_body.get("stream_options") or {}
-        return {"include_usage": bool(opts.get("include_usage"))}
-    return {}
+        return self.encoder.fail(ProviderError(502, f"polar: {message}", "api_error"))

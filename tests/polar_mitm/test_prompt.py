@@ -1,0 +1,129 @@
+"""History substitution with the fixture model's real tokenizer and chat template."""
+from array import array
+
+import pytest
+from transformers import AutoTokenizer
+
+from polar_mitm.conversation import Conversation, Message, Tool, ToolCall
+from polar_mitm.prompt import CallTokens, ChatRenderer, SessionHistory, to_template_messages, to_template_tools
+
+SHELL = Tool("shell", "Run a command", {"type": "object", "properties": {"command": {"type": "string"}}})
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir):
+    return AutoTokenizer.from_pretrained(str(tiny_model_dir))
+
+
+@pytest.fixture()
+def renderer(tokenizer):
+    return ChatRenderer(tokenizer)
+
+
+def conv(*messages, tools=(SHELL,)):
+    return Conversation("openai_chat", "m", tuple(messages), tools)
+
+
+def full_ids(tokenizer, c: Conversation) -> list[int]:
+    text = tokenizer.apply_chat_template(to_template_messages(c.messages), tools=to_template_tools(c.tools),
+                                         add_generation_prompt=True, tokenize=False)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def sample(history, prompt, tokenizer, reply: Message, reply_text: str, call_id: str, eos=True):
+    """Stand-in for the engine: the reply's tokens as if sampled, then remembered like the proxy does."""
+    out = tokenizer(reply_text, add_special_tokens=False)["input_ids"] + ([tokenizer.eos_token_id] if eos else [])
+    history.remember(prompt, reply, CallTokens(call_id, array("i", prompt.ids), array("i", out), eos))
+    return out
+
+
+SYSTEM = Message("system", "You are a coding agent.")
+USER = Message("user", "Create hello.txt")
+CALL = ToolCall("call_1", "shell", '{"command": "echo hi > hello.txt"}')
+REPLY = Message("assistant", "", "I will write it.", (CALL,))
+REPLY_TEXT = '<think>\nI will write it.\n</think>\n\n<tool_call>\n{"name": "shell", "arguments": {"command": "echo hi > hello.txt"}}\n</tool_call>'
+RESULT = Message("tool", "done", tool_call_id="call_1", name="shell")
+
+
+def test_first_call_renders_the_chat_template(renderer, tokenizer):
+    c = conv(SYSTEM, USER)
+    prompt = SessionHistory().build_prompt(c, renderer)
+    assert prompt.source == "rendered:first_call" and prompt.parent_call_id is None
+    assert prompt.ids == full_ids(tokenizer, c)
+
+
+def test_second_call_extends_the_first_calls_tokens(renderer, tokenizer):
+    history = SessionHistory()
+    p1 = history.build_prompt(conv(SYSTEM, USER), renderer)
+    out1 = sample(history, p1, tokenizer, REPLY, REPLY_TEXT, "c1")
+    c2 = conv(SYSTEM, USER, REPLY, RESULT)
+    p2 = history.build_prompt(c2, renderer)
+    assert p2.source == "substituted" and p2.parent_call_id == "c1"
+    assert p2.ids[: len(p1.ids) + len(out1)] == p1.ids + out1
+    # The sampled reply matched the template's own rendering, so the text is the full rendering.
+    assert tokenizer.decode(p2.ids) == tokenizer.decode(full_ids(tokenizer, c2))
+
+
+def test_replayed_turn_matches_by_meaning(renderer, tokenizer):
+    history = SessionHistory()
+    p1 = history.build_prompt(conv(SYSTEM, USER), renderer)
+    out1 = sample(history, p1, tokenizer, REPLY, REPLY_TEXT, "c1")
+    # The harness re-encoded the arguments, renamed the call id and dropped the reasoning.
+    replayed = Message("assistant", "", None, (ToolCall("toolu_X", "shell", '{ "command":"echo hi > hello.txt" }'),))
+    p2 = history.build_prompt(conv(SYSTEM, USER, replayed, RESULT), renderer)
+    assert p2.source == "substituted" and p2.ids[: len(p1.ids) + len(out1)] == p1.ids + out1
+
+
+def test_edited_history_is_rendered_in_full(renderer, tokenizer):
+    history = SessionHistory()
+    p1 = history.build_prompt(conv(SYSTEM, USER), renderer)
+    sample(history, p1, tokenizer, REPLY, REPLY_TEXT, "c1")
+    edited = Message("assistant", "", None, (ToolCall("call_1", "shell", '{"command": "rm -rf /"}'),))
+    c2 = conv(SYSTEM, USER, edited, RESULT)
+    p2 = history.build_prompt(c2, renderer)
+    assert p2.source == "rendered:no_matching_call" and p2.ids == full_ids(tokenizer, c2)
+    # a changed tool list is another conversation too
+    assert history.build_prompt(conv(SYSTEM, USER, REPLY, RESULT, tools=()), renderer).source.startswith("rendered")
+
+
+def test_truncated_reply_is_closed_before_the_new_turn(renderer, tokenizer):
+    history = SessionHistory()
+    p1 = history.build_prompt(conv(SYSTEM, USER), renderer)
+    cut = Message("assistant", "Let me th")
+    out1 = sample(history, p1, tokenizer, cut, "Let me th", "c1", eos=False)
+    p2 = history.build_prompt(conv(SYSTEM, USER, cut, Message("user", "go on")), renderer)
+    assert p2.source == "substituted"
+    delta = p2.ids[len(p1.ids) + len(out1):]
+    assert delta[0] == tokenizer.eos_token_id
+    assert tokenizer.decode(p2.ids).endswith("<|im_end|>\n<|im_start|>user\ngo on<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_longest_chain_wins_over_an_earlier_call(renderer, tokenizer):
+    history = SessionHistory()
+    p1 = history.build_prompt(conv(SYSTEM, USER), renderer)
+    sample(history, p1, tokenizer, REPLY, REPLY_TEXT, "c1")
+    p2 = history.build_prompt(conv(SYSTEM, USER, REPLY, RESULT), renderer)
+    reply2 = Message("assistant", "Done.")
+    sample(history, p2, tokenizer, reply2, "Done.", "c2")
+    p3 = history.build_prompt(conv(SYSTEM, USER, REPLY, RESULT, reply2, Message("user", "thanks")), renderer)
+    assert p3.parent_call_id == "c2"
+
+
+def test_per_turn_rendering_does_not_grow_with_history(renderer, tokenizer, monkeypatch):
+    history = SessionHistory()
+    messages = [SYSTEM, USER]
+    rendered_sizes = []
+    original = renderer.render_text
+
+    def counting(msgs, tools, generation_prompt):
+        rendered_sizes.append(len(msgs))
+        return original(msgs, tools, generation_prompt)
+
+    monkeypatch.setattr(renderer, "render_text", counting)
+    for turn in range(12):
+        prompt = history.build_prompt(conv(*messages), renderer)
+        reply = Message("assistant", f"step {turn}")
+        sample(history, prompt, tokenizer, reply, f"step {turn}", f"c{turn}")
+        messages += [reply, Message("user", f"next {turn}")]
+        assert turn == 0 or prompt.source == "substituted"
+    assert max(rendered_sizes[2:]) <= 3  # base (2 messages) + the one new message, whatever the history length
