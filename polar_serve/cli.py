@@ -1,0 +1,71 @@
+"""`polar serve`: the CPU reference inference server (SGLang /generate + vLLM /v1/completions token APIs)."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from pathlib import Path
+
+from polar_serve.policy import Policy, load_policy  # light: PyYAML only
+
+DEFAULT_PORT = 30000
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("serve", help="run the reference inference server", description=__doc__)
+    p.add_argument("--model", required=True, type=Path, help="local model directory (transformers format)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help="port; 0 picks a free one (default: %(default)s)")
+    p.add_argument("--policy", type=Path, help="scripted policy YAML (docs/reference-server.md)")
+    p.add_argument("--served-model-name", help="model name in vLLM responses (default: the directory name)")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default: %(default)s)")
+    p.add_argument("--incremental-streaming-output", action="store_true",
+                   help="SGLang streaming chunks carry only new tokens (default: cumulative, as SGLang)")
+    p.set_defaults(func=run)
+
+
+async def _serve(args: argparse.Namespace, policy: Policy | None) -> None:
+    import torch
+    from aiohttp import web
+
+    from polar_serve.engine import Engine
+    from polar_serve.server import ReferenceServer, ServerOptions
+
+    torch.set_num_threads(max(1, args.threads))
+    engine = Engine(args.model)
+    options = ServerOptions(served_model_name=args.served_model_name or args.model.resolve().name,
+                            incremental_streaming_output=args.incremental_streaming_output)
+    runner = web.AppRunner(ReferenceServer(engine, policy, options).app(), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, args.host, args.port)
+    await site.start()
+    host, port = runner.addresses[0][:2]
+    # Tests and scripts read this line to learn the port (useful with --port 0).
+    print(f"polar serve: listening on http://{host}:{port} (model {args.model}, "
+          f"policy {args.policy or 'none'})", flush=True)
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await runner.cleanup()
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s",
+                        stream=sys.stderr)
+    if not (args.model / "config.json").is_file():
+        print(f"polar serve: {args.model} is not a model directory (no config.json)", file=sys.stderr)
+        return 2
+    try:
+        policy = load_policy(args.policy) if args.policy else None
+    except (OSError, ValueError) as e:  # fail before the slow model load
+        print(f"polar serve: bad --policy: {e}", file=sys.stderr)
+        return 2
+    try:
+        asyncio.run(_serve(args, policy))
+    except OSError as e:
+        print(f"polar serve: cannot listen on {args.host}:{args.port}: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        pass
+    return 0

@@ -1,0 +1,111 @@
+"""The model side of the reference server: a transformers causal LM on CPU, its tokenizer, and the three forward
+passes the server needs (prefill, one decode step with a KV cache, teacher-forced scoring). Not thread-safe:
+the server calls it from one worker thread only."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # load from local directories only, never the hub
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    model_path: str
+    weight_version: str
+    vocab_size: int
+    eos_token_ids: tuple[int, ...]
+    max_context_length: int
+
+
+def _quiet_transformers() -> None:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+
+
+def _load_model(path: str, dtype: torch.dtype) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True).eval()
+
+
+def _eos_ids(model: Any, tokenizer: Any) -> tuple[int, ...]:
+    ids: list[int] = []
+    for source in (model.generation_config.eos_token_id, model.config.eos_token_id, tokenizer.eos_token_id):
+        for tid in source if isinstance(source, list) else [source]:
+            if tid is not None and tid not in ids:
+                ids.append(int(tid))
+    if tokenizer.pad_token_id is not None and tokenizer.pad_token_id not in ids:
+        ids.append(int(tokenizer.pad_token_id))  # <|endoftext|> ends a document: stop there too
+    return tuple(ids)
+
+
+class Engine:
+    def __init__(self, model_path: str | Path, dtype: torch.dtype = torch.float32) -> None:
+        from transformers import AutoTokenizer
+
+        _quiet_transformers()
+        self.dtype = dtype
+        self.model_path = str(model_path)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path, local_files_only=True)
+        self.model = _load_model(self.model_path, dtype)
+        self.weight_version = "0"
+        self.eos_token_ids = _eos_ids(self.model, self.tokenizer)
+        self.vocab_size = int(self.model.config.vocab_size)
+        self.max_context_length = int(getattr(self.model.config, "max_position_embeddings", 4096))
+
+    def info(self) -> ModelInfo:
+        return ModelInfo(self.model_path, self.weight_version, self.vocab_size, self.eos_token_ids,
+                         self.max_context_length)
+
+    def load_weights(self, model_path: str, weight_version: str | None = None) -> str:
+        """Swap in the weights at model_path (same architecture and vocabulary); returns the new weight_version."""
+        model = _load_model(model_path, self.dtype)
+        if int(model.config.vocab_size) != self.vocab_size:
+            raise ValueError(f"vocab_size {model.config.vocab_size} != serving model's {self.vocab_size}")
+        self.model, self.model_path = model, str(model_path)
+        if weight_version:
+            self.weight_version = weight_version
+        else:  # count up from a numeric version; after a named one, append a counter
+            v = self.weight_version
+            self.weight_version = str(int(v) + 1) if v.isdigit() else f"{v}+1"
+        return self.weight_version
+
+    # -- text ---------------------------------------------------------------------------------------------
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens,
+                                     clean_up_tokenization_spaces=False)
+
+    def token_text(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+    # -- forward passes -----------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def prefill(self, prompt_ids: list[int]) -> tuple[torch.Tensor, Any]:
+        """Run the prompt; returns the raw logits for the next token and the KV cache."""
+        out = self.model(input_ids=torch.tensor([prompt_ids]), use_cache=True, logits_to_keep=1)
+        return out.logits[0, -1].float(), out.past_key_values
+
+    @torch.inference_mode()
+    def decode_step(self, token_id: int, cache: Any) -> tuple[torch.Tensor, Any]:
+        out = self.model(input_ids=torch.tensor([[token_id]]), cache=cache, use_cache=True)
+        return out.logits[0, -1].float(), out.past_key_values
+
+    @torch.inference_mode()
+    def score(self, prompt_ids: list[int], output_ids: list[int]) -> torch.Tensor:
+        """Teacher forcing: one forward pass over prompt + output; row i is log_softmax of the logits that
+        predict output_ids[i]."""
+        if not output_ids:
+            return torch.empty(0, self.vocab_size)
+        ids = torch.tensor([prompt_ids + output_ids])
+        logits = self.model(input_ids=ids, logits_to_keep=len(output_ids) + 1).logits[0, :-1]
+        return torch.log_softmax(logits.float(), dim=-1)

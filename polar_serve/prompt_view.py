@@ -1,0 +1,97 @@
+"""What a scripted policy can see of a prompt: the decoded text read back into ChatML turns, the tools offered in
+the system turn's <tools> block, and the tool results (<tool_response> blocks or `tool` turns)."""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+TURN = re.compile(r"<\|im_start\|>([^\n]*)\n(.*?)(<\|im_end\|>|\Z)", re.DOTALL)
+TOOLS_BLOCK = re.compile(r"<tools>\s*(.*?)\s*</tools>", re.DOTALL)
+TOOL_RESPONSE = re.compile(r"<tool_response>\s*(.*?)\s*</tool_response>", re.DOTALL)
+
+
+@dataclass(frozen=True)
+class Turn:
+    role: str
+    content: str
+    tool_results: int  # <tool_response> blocks in it (1 for a `tool` turn)
+
+    @property
+    def is_tool_result(self) -> bool:
+        """A turn that carries only tool output (Qwen puts tool results in user turns)."""
+        if self.role == "tool":
+            return True
+        return self.tool_results > 0 and not TOOL_RESPONSE.sub("", self.content).strip()
+
+
+@dataclass(frozen=True)
+class PromptView:
+    text: str
+    turns: tuple[Turn, ...]  # closed turns only; the open generation turn is left out
+    tools: tuple[str, ...]  # names offered, in order
+
+    @property
+    def last_user(self) -> str:
+        for turn in reversed(self.turns):
+            if turn.role == "user" and not turn.is_tool_result:
+                return turn.content
+        return ""
+
+    @property
+    def system(self) -> str:
+        return next((t.content for t in self.turns if t.role == "system"), "")
+
+    @property
+    def tool_results(self) -> int:
+        return sum(t.tool_results for t in self.turns)
+
+    @property
+    def after_tool_result(self) -> bool:
+        return bool(self.turns) and self.turns[-1].is_tool_result
+
+    @property
+    def assistant_turns(self) -> int:
+        return sum(t.role == "assistant" for t in self.turns)
+
+
+def _names(block: str) -> tuple[str, ...]:
+    try:
+        parsed = json.loads(block)
+        items = parsed if isinstance(parsed, list) else [parsed]
+    except json.JSONDecodeError:  # one JSON object per line (Qwen2.5 style)
+        items = []
+        for line in block.splitlines():
+            try:
+                items.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    names: list[str] = []
+    for item in items:
+        if not isinstance(item, dict):
+            continue
+        fn = item.get("function") if isinstance(item.get("function"), dict) else item
+        if isinstance(fn.get("name"), str):
+            names.append(fn["name"])
+    return tuple(names)
+
+
+def _tool_names(system: str) -> tuple[str, ...]:
+    # the instructions mention "<tools></tools>" before the real block: take the first block that names tools
+    for block in TOOLS_BLOCK.finditer(system):
+        names = _names(block.group(1))
+        if names:
+            return names
+    return ()
+
+
+def parse_prompt(text: str) -> PromptView:
+    turns = []
+    for match in TURN.finditer(text):
+        role, content, end = match.group(1).strip(), match.group(2), match.group(3)
+        if not end:
+            break  # the open turn the model is asked to continue
+        count = 1 if role == "tool" else len(TOOL_RESPONSE.findall(content))
+        turns.append(Turn(role, content, count))
+    system = next((t.content for t in turns if t.role == "system"), "")
+    return PromptView(text=text, turns=tuple(turns), tools=_tool_names(system))

@@ -1,0 +1,48 @@
+"""Fixtures shared by the whole suite: the tiny fixture model and the real reference server on 127.0.0.1."""
+from __future__ import annotations
+
+import os
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pytest
+
+from polar_serve.launch import reference_server as launch_reference_server
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach the hub from tests
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir() -> Path:
+    """fixtures/tiny-qwen2: byte-level BPE (vocab 1024), ChatML+tools template, random 2-layer Qwen2."""
+    return ROOT / "fixtures" / "tiny-qwen2"
+
+
+@pytest.fixture(scope="session")
+def policies_dir() -> Path:
+    return ROOT / "fixtures" / "policies"
+
+
+@pytest.fixture(scope="session")
+def start_reference_server(tiny_model_dir: Path) -> Iterator[Callable[..., str]]:
+    """start_reference_server(policy=None, model_dir=tiny, *extra_args) -> base URL. One process per distinct
+    argument set for the whole session; all are stopped at the end."""
+    servers: dict[tuple, str] = {}
+    with ExitStack() as stack:
+        def start(policy: str | Path | None = None, model_dir: str | Path | None = None, *extra_args: str) -> str:
+            key = (str(policy) if policy else None, str(model_dir or tiny_model_dir), extra_args)
+            if key not in servers:
+                servers[key] = stack.enter_context(
+                    launch_reference_server(model_dir or tiny_model_dir, policy, tuple(extra_args)))
+            return servers[key]
+
+        yield start
+
+
+@pytest.fixture(scope="session")
+def reference_server(start_reference_server: Callable[..., str]) -> str:
+    """Base URL (http://127.0.0.1:PORT) of the reference server on the tiny model, no scripted policy."""
+    return start_reference_server()

@@ -1,0 +1,111 @@
+"""Scripted policies: parsing (errors name the bad key), matching against prompts rendered by the real chat
+template, and replies that render exactly as the template renders the same assistant turn."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from polar_serve.policy import load_policy, parse_policy
+from polar_serve.prompt_view import parse_prompt
+
+SHELLS = ["exec_command", "Bash", "bash", "run_shell_command", "shell"]
+
+
+def tool(name: str) -> dict:
+    return {"type": "function", "function": {"name": name, "description": "run", "parameters": {
+        "type": "object", "properties": {"command": {"type": "string"}}}}}
+
+
+@pytest.fixture(scope="module")
+def render(hf_tokenizer):
+    def run(messages: list[dict], tools: list[dict] | None = None, gen: bool = True) -> str:
+        return hf_tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=gen)
+
+    return run
+
+
+def first_turn(render, tool_name: str | None) -> str:
+    tools = [tool("read_file"), tool(tool_name)] if tool_name else None
+    return render([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "make polar.txt"}], tools)
+
+
+def after_result(render, tool_name: str) -> str:
+    call = {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": tool_name, "arguments": {}}}]}
+    return render([{"role": "user", "content": "make polar.txt"}, call, {"role": "tool", "content": "ok"}],
+                  [tool(tool_name)])
+
+
+def test_prompt_view_reads_turns_tools_and_results(render) -> None:
+    view = parse_prompt(after_result(render, "Bash"))
+    assert view.tools == ("Bash",) and view.tool_results == 1 and view.after_tool_result
+    assert view.last_user == "make polar.txt" and view.assistant_turns == 1
+    per_line = "<|im_start|>system\n<tools>\n" + json.dumps(tool("a")) + "\n{\"name\": \"b\"}\n</tools><|im_end|>\n"
+    assert parse_prompt(per_line).tools == ("a", "b")  # Qwen2.5 writes one JSON object per line
+    assert parse_prompt("no chatml here").turns == ()
+
+
+@pytest.mark.parametrize("name", SHELLS)
+def test_shipped_tool_call_policy_calls_whichever_shell_is_offered(render, policies_dir: Path, name: str) -> None:
+    policy = load_policy(policies_dir / "tool-call.yaml")
+    rule, reply = policy.reply_for(parse_prompt(first_turn(render, name)))  # type: ignore[misc]
+    key = "cmd" if name == "exec_command" else "command"
+    assert rule == "write-file"
+    assert reply == ("<think>\nI will write the file with the shell tool.\n</think>\n\n<tool_call>\n"
+                     f'{{"name": "{name}", "arguments": {{"{key}": "echo polar > polar.txt"}}}}\n</tool_call>')
+    assert policy.reply_for(parse_prompt(after_result(render, name))) == (
+        "done-after-tool-result", "<think>\nThe file is written.\n</think>\n\nDone.")
+    assert policy.reply_for(parse_prompt(first_turn(render, None)))[0] == "no-shell"  # type: ignore[index]
+    assert policy.reply_for(parse_prompt(first_turn(render, "python"))) is None  # tools, but no shell: sample
+
+
+def test_structured_reply_renders_like_the_chat_template(render) -> None:
+    policy = parse_policy({"rules": [{"think": "plan", "content": "Running two.", "tool_calls": [
+        {"name": "Bash", "arguments": {"command": "ls", "n": [1, 2], "é": None}},
+        {"name": "Bash", "arguments": '{"command": "pwd"}'}]}]})
+    prompt = first_turn(render, "Bash")
+    _, reply = policy.reply_for(parse_prompt(prompt))  # type: ignore[misc]
+    message = {"role": "assistant", "content": "Running two.", "reasoning_content": "plan", "tool_calls": [
+        {"function": {"name": "Bash", "arguments": {"command": "ls", "n": [1, 2], "é": None}}},
+        {"function": {"name": "Bash", "arguments": '{"command": "pwd"}'}}]}
+    full = render([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "make polar.txt"},
+                   message], [tool("read_file"), tool("Bash")], gen=False)
+    assert full == prompt + reply + "<|im_end|>\n"
+
+
+def test_templates_and_conditions(render) -> None:
+    policy = parse_policy({"rules": [
+        {"name": "regex", "when": {"last_user_regex": r"^make \w+\.txt$", "tool_results": {"max": 0},
+                                   "assistant_turns": 0, "prompt_contains": ["Be brief"]},
+         "reply": 'Using {tool:sh|Bash}: {"cmd": "{last_user}"}'},
+        {"name": "fallback", "when": {"not": {"any_tools": True}}, "reply": "plain {last_user}"},
+    ]})
+    assert policy.reply_for(parse_prompt(first_turn(render, "Bash"))) == (
+        "regex", 'Using Bash: {"cmd": "make polar.txt"}')
+    # {tool:...} names no offered tool: the rule is skipped, the next one does not match either -> sample
+    assert policy.reply_for(parse_prompt(first_turn(render, "shell"))) is None
+    assert policy.reply_for(parse_prompt(first_turn(render, None))) == ("fallback", "plain make polar.txt")
+
+
+@pytest.mark.parametrize("data, message", [
+    ({"rules": [{"reply": "x", "wen": {}}]}, "unknown key(s) ['wen']"),
+    ({"rules": [{"when": {"tool_ofered": "x"}, "reply": "x"}]}, "unknown condition(s) ['tool_ofered']"),
+    ({"rules": [{"reply": "x", "content": "y"}]}, "either `reply` or"),
+    ({"rules": [{"when": {"last_user_regex": "("}, "reply": "x"}]}, "rules[0].when.last_user_regex"),
+    ({"rules": [{"when": {"tool_results": {"least": 1}}, "reply": "x"}]}, "rules[0].when.tool_results"),
+    ({"rules": [{"tool_calls": [{"name": "a", "arguments": [1]}]}]}, "must be a mapping or a JSON string"),
+    ({"rules": "nope"}, "one key, `rules`"),
+])
+def test_bad_policies_name_the_problem(data: dict, message: str) -> None:
+    with pytest.raises(ValueError) as err:
+        parse_policy(data)
+    assert message in str(err.value)
+
+
+def test_shipped_policies_load(policies_dir: Path) -> None:
+    for path in sorted(policies_dir.glob("*.yaml")):
+        assert load_policy(path).rules, path
+    echo = load_policy(policies_dir / "echo.yaml")
+    assert echo.reply_for(parse_prompt("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")) == (
+        "echo", "You said: hi")
