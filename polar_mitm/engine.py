@@ -32,6 +32,8 @@ def engine_request(engine: str, prompt_ids: list[int], sampling: Sampling, max_n
     if engine == "sglang":
         params: dict[str, Any] = {"max_new_tokens": max_new_tokens, "skip_special_tokens": False}
         _copy_sampling(sampling, params)
+        if "seed" in params:
+            params["sampling_seed"] = params.pop("seed")  # SGLang's name; it rejects unknown sampling keys
         return "/generate", {"input_ids": prompt_ids, "sampling_params": params,
                              "return_logprob": True, "stream": stream}
     body: dict[str, Any] = {"prompt": prompt_ids, "max_tokens": max_new_tokens, "logprobs": 1,

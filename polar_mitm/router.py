@@ -111,6 +111,9 @@ class Router:
         route, session = flow.metadata["polar_route"], flow.metadata["polar_session"]
         call = calls.Call(calls.new_call_id(), session, route, Conversation(route.api, route.model or "", ()), {},
                           time.time())
+        if route.kind in ("models", "model"):
+            flow.response = self._model_list(route)
+            return
         try:
             body = self._json_body(flow)
             call.request_body = body
@@ -141,14 +144,16 @@ class Router:
         return body
 
     def _side_answer(self, route, conv: Conversation) -> http.Response:
+        """Token counting, answered with the real prompt length."""
+        return json_response(200, CODECS[route.api].render_count_tokens(len(self.model.renderer.render_full(conv))))
+
+    def _model_list(self, route) -> http.Response:
         codec = CODECS[route.api]
-        if route.kind == "count_tokens":
-            return json_response(200, codec.render_count_tokens(len(self.model.renderer.render_full(conv))))
-        names = [route.model] if route.kind == "model" and route.model else self.model.served_names
-        body = codec.render_models(names)
         if route.kind == "model":
-            body = body.get("data", body.get("models", [body]))[0] if isinstance(body, dict) else body
-        return json_response(200, body)
+            if route.api == "gemini":
+                return json_response(200, codec.render_model(route.model))
+            return json_response(200, codec.render_models([route.model])["data"][0])
+        return json_response(200, codec.render_models(self.model.served_names))
 
     def _rewrite(self, flow: http.HTTPFlow, call: calls.Call) -> None:
         model = self.model

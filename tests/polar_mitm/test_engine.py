@@ -7,11 +7,11 @@ from polar_mitm.engine import EngineError, EngineOutput, SSEDecoder, apply_chunk
 
 
 def test_sglang_request_carries_ids_and_asks_for_logprobs():
-    path, body = engine_request("sglang", [1, 2, 3], Sampling(temperature=0.0, stop=("x",)), 16, stream=True)
+    path, body = engine_request("sglang", [1, 2, 3], Sampling(temperature=0.0, stop=("x",), seed=7), 16, stream=True)
     assert path == "/generate"
     assert body["input_ids"] == [1, 2, 3] and body["return_logprob"] is True and body["stream"] is True
     assert body["sampling_params"] == {"max_new_tokens": 16, "skip_special_tokens": False, "temperature": 0.0,
-                                       "stop": ["x"]}
+                                       "stop": ["x"], "sampling_seed": 7}
 
 
 def test_vllm_request_uses_token_prompt_and_token_ids():
