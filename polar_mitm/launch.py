@@ -1,0 +1,89 @@
+"""Start mitmdump with Polar's addon as a child process on 127.0.0.1 (tests, bench, demo, runner)."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+ADDON = Path(__file__).resolve().parent / "addon.py"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass(frozen=True)
+class ProxyProcess:
+    pid: int
+    proxy_port: int  # HTTPS_PROXY listener
+    base_port: int  # base-URL listener
+    ca: Path
+    capture_dir: Path
+    backend: str
+    log: Path
+
+    def proxy_url(self, session: str, token: str) -> str:
+        return f"http://{session}:{token}@127.0.0.1:{self.proxy_port}"
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.base_port}"
+
+
+def wait_for_port(port: int, proc: subprocess.Popen, log: Path, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"mitmdump exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"nothing listens on 127.0.0.1:{port} after {timeout:.0f}s:\n{log.read_text()[-3000:]}")
+
+
+def start_proxy(workdir: Path, backend: str, model_dir: Path, *extra: str) -> tuple[subprocess.Popen, ProxyProcess]:
+    """mitmdump on two fresh loopback ports; the caller stops the returned process."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    p1, p2 = free_port(), free_port()
+    confdir, capture, log = workdir / "mitm", workdir / "captures", workdir / "mitmdump.log"
+    cmd = [
+        str(Path(sys.executable).parent / "mitmdump"), "-q", "-s", str(ADDON),
+        "--mode", f"regular@127.0.0.1:{p1}", "--mode", f"reverse:{backend}@127.0.0.1:{p2}",
+        "--set", f"confdir={confdir}", "--set", "connection_strategy=lazy",
+        "--set", f"polar_backend={backend}", "--set", f"polar_tokenizer={model_dir}",
+        "--set", f"polar_capture_dir={capture}", *extra,
+    ]
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=workdir)
+    try:
+        wait_for_port(p1, proc, log)
+        wait_for_port(p2, proc, log)
+    except RuntimeError:
+        proc.kill()
+        raise
+    return proc, ProxyProcess(proc.pid, p1, p2, confdir / "mitmproxy-ca-cert.pem", capture, backend, log)
+
+
+@contextmanager
+def proxy_process(workdir: Path, backend: str, model_dir: Path, *extra: str) -> Iterator[ProxyProcess]:
+    proc, handle = start_proxy(workdir, backend, model_dir, *extra)
+    try:
+        yield handle
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

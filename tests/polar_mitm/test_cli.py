@@ -1,0 +1,53 @@
+"""`polar proxy` and the addon's option validation, as a user meets them."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+
+import httpx
+
+from polar_mitm.launch import ADDON, free_port, wait_for_port
+
+
+def test_polar_proxy_prints_the_harness_environment_and_serves(tmp_path, reference_server, tiny_model_dir):
+    p1, p2 = free_port(), free_port()
+    cmd = [sys.executable, "-m", "polar.cli", "proxy", "--tokenizer", str(tiny_model_dir), "--backend", reference_server,
+           "--proxy-port", str(p1), "--base-url-port", str(p2), "--confdir", str(tmp_path / "conf"),
+           "--capture-dir", str(tmp_path / "cap")]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()
+    try:
+        log = tmp_path / "none.log"
+        log.write_text("")
+        wait_for_port(p2, proc, log)
+        r = httpx.post(f"http://127.0.0.1:{p2}/v1/chat/completions", headers={"authorization": "Bearer cli"},
+                       json={"model": "tiny", "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 200 and r.json()["object"] == "chat.completion"
+        assert (tmp_path / "cap" / "local" / "cli.jsonl").exists()
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    out = "".join(lines)
+    assert f"CA certificate {tmp_path / 'conf' / 'mitmproxy-ca-cert.pem'}" in out
+    assert f"export HTTPS_PROXY=http://SESSION:TOKEN@127.0.0.1:{p1}" in out
+    assert f"export ANTHROPIC_BASE_URL=http://127.0.0.1:{p2}" in out
+    assert (tmp_path / "conf" / "polar-ca-bundle.pem").read_text().count("BEGIN CERTIFICATE") >= 2
+
+
+def test_polar_proxy_reports_a_bad_model_dir(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "polar.cli", "proxy", "--tokenizer", str(tmp_path / "missing"),
+                        "--proxy-port", str(free_port()), "--base-url-port", str(free_port()),
+                        "--confdir", str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "polar_tokenizer" in r.stdout + r.stderr and "does not exist" in r.stdout + r.stderr
+
+
+def test_mitmdump_refuses_bad_options_with_their_name(tmp_path, tiny_model_dir):
+    mitmdump = f"{sys.prefix}/bin/mitmdump"
+    for option, needle in (("polar_engine=tgi", "polar_engine"), ("polar_backend=ftp://x", "polar_backend"),
+                           ("polar_sessions=closed", "polar_sessions"), ("polar_hosts=bad host", "polar_hosts")):
+        r = subprocess.run([mitmdump, "-s", str(ADDON), "--mode", f"regular@127.0.0.1:{free_port()}",
+                            "--set", f"confdir={tmp_path}", "--set", f"polar_tokenizer={tiny_model_dir}",
+                            "--set", option], capture_output=True, text=True, timeout=60)
+        assert r.returncode != 0 and needle in r.stdout + r.stderr, (option, r.stdout[-500:], r.stderr[-500:])
