@@ -1,0 +1,82 @@
+"""reading.py: scanning capture directories, streaming sessions, validating records."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from polar_traj.reading import iter_sessions, read_session, scan
+
+
+def test_scan_root_task_dir_and_single_file(capture, write_records, make_record):
+    write_records(capture, [make_record([1], [2], task_id="t2", session_id="b"),
+                            make_record([1], [2], task_id="t1", session_id="z"),
+                            make_record([1], [2], task_id="t1", session_id="a")])
+    assert [(f.task_id, f.session_id) for f in scan(capture)] == [("t1", "a"), ("t1", "z"), ("t2", "b")]
+    assert [f.session_id for f in scan(capture / "t1")] == ["a", "z"]
+    assert [(f.task_id, f.session_id) for f in scan(capture / "t2" / "b.jsonl")] == [("t2", "b")]
+    assert [f.session_id for f in scan(capture, task_id="t1", session_id="z")] == ["z"]
+    with pytest.raises(FileNotFoundError):
+        scan(capture / "nope")
+
+
+def test_payloads_dropped_then_read_back(capture, write_records, make_record):
+    r = make_record([1, 2], [3], call_id="c0", request={"messages": [{"role": "user", "content": "x"}]},
+                    response={"choices": []})
+    write_records(capture, [make_record([1], [2], call_id="first"), r])
+    (sf,) = scan(capture)
+    session = read_session(sf)
+    assert [x.call_id for x in session.records] == ["first", "c0"]
+    assert session.records[1].request == {} and session.records[1].response is None
+    assert session.payload("c0") == (r.request, r.response)
+    assert read_session(sf, payloads=True).records[1].request == r.request
+
+
+def test_torn_last_line_is_skipped(capture, write_records, make_record):
+    write_records(capture, [make_record([1], [2], call_id="ok")])
+    (sf,) = scan(capture)
+    with open(sf.path, "a") as f:
+        f.write('{"call_id": "torn", "prom')
+    assert [r.call_id for r in read_session(sf).records] == ["ok"]
+
+
+def test_bad_line_raises_with_its_place_or_is_skipped(capture, write_records, make_record):
+    write_records(capture, [make_record([1], [2], call_id="a")])
+    (sf,) = scan(capture)
+    with open(sf.path, "a") as f:
+        f.write("not json\n")
+    write_records(capture, [make_record([1], [2], call_id="b")])
+    with pytest.raises(ValueError, match=r"sess.jsonl:2: not a JSON record"):
+        read_session(sf)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"session_id": "other"}, "its file is task/sess"),
+    ({"call_id": "a"}, "duplicate call_id a"),
+    ({"prompt_ids": [1, -4]}, "negative token id"),
+    ({"output_ids": [2**31]}, "token id above"),
+    ({"prompt_ids": []}, "no prompt_ids"),
+    ({"output_logprobs": [0.5, 0.5]}, "2 logprobs"),
+    ({"api": "cohere"}, "unknown api"),
+])
+def test_invalid_records(capture, write_records, make_record, change, message):
+    write_records(capture, [make_record([1], [2], call_id="a")])
+    (sf,) = scan(capture)
+    bad = json.loads(make_record([1], [2], call_id="b").to_json())
+    bad.update(change)
+    with open(sf.path, "a") as f:
+        f.write(json.dumps(bad) + "\n")
+    with pytest.raises(ValueError, match=message):
+        read_session(sf)
+    lenient = read_session(sf, strict=False)
+    assert [r.call_id for r in lenient.records] == ["a"] and message in lenient.problems[0]
+
+
+def test_sessions_are_read_one_at_a_time(capture, write_records, make_record):
+    write_records(capture, [make_record([1], [2], session_id="s1"), make_record([1], [2], session_id="s2")])
+    files = scan(capture)
+    sessions = iter_sessions(files)
+    assert next(sessions).session_id == "s1"
+    files[1].path.write_text("garbage\n")  # not read yet: a lazy reader only fails when it gets there
+    with pytest.raises(ValueError):
+        next(sessions)
