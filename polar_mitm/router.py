@@ -7,7 +7,6 @@ import json
 import logging
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -17,7 +16,7 @@ from mitmproxy.exceptions import OptionsError
 from polar_mitm import call as calls
 from polar_mitm.capture import Capture, CaptureError
 from polar_mitm.conversation import Conversation, ProviderError
-from polar_mitm.engine import EngineError, EngineOutput, apply_chunk, engine_request, parse_engine
+from polar_mitm.engine import EngineError, apply_chunk, engine_request, parse_engine
 from polar_mitm.model import Model, load_model
 from polar_mitm.prompt import SessionHistory
 from polar_mitm.replies import CODECS, error_response, json_response
@@ -109,18 +108,19 @@ class Router:
         if flow.response or "polar_session" not in flow.metadata:
             return
         route, session = flow.metadata["polar_route"], flow.metadata["polar_session"]
-        call = calls.Call(calls.new_call_id(), session, route, Conversation(route.api, route.model or "", ()), {},
-                          time.time())
         if route.kind in ("models", "model"):
             flow.response = self._model_list(route)
             return
+        call = calls.Call(calls.new_call_id(), session, route, Conversation(route.api, route.model or "", ()), {},
+                          time.time())
         try:
             body = self._json_body(flow)
             call.request_body = body
             call.conv = CODECS[route.api].parse_request(body, flow.request.path)
             if route.kind == "generate":
                 if not await self.health.reachable():
-                    raise ProviderError(503, f"polar: the inference engine at {ctx.options.polar_backend} is unreachable", "api_error")
+                    raise ProviderError(503, f"polar: the inference engine at {ctx.options.polar_backend} "
+                                             "is unreachable", "api_error")
                 self._rewrite(flow, call)
             else:
                 flow.response = self._side_answer(route, call.conv)
@@ -189,30 +189,34 @@ class Router:
     def response(self, flow: http.HTTPFlow) -> None:
         call: calls.Call | None = flow.metadata.get("polar_call")
         if call is None or flow.response.stream:
-            return
+            return  # not ours, or streamed: the stream translator answered and recorded
+        try:
+            flow.response = self._answer(call, flow.response)
+        except CaptureError as e:
+            flow.response = error_response(call.route.api, 500, f"polar: {e}")
+
+    def _answer(self, call: calls.Call, engine: http.Response) -> http.Response:
+        """The provider's reply to a non-streamed call, recorded before it is returned."""
         api = call.route.api
         try:
-            data = json.loads(flow.response.get_content() or b"{}")
+            data = json.loads(engine.get_content() or b"{}")
         except (json.JSONDecodeError, ValueError):
-            data = {"error": {"message": (flow.response.get_text() or "")[:500]}}
-        if flow.response.status_code != 200:
-            message = f"inference engine answered {flow.response.status_code}: {_engine_message(data)}"
+            data = {"error": {"message": (engine.get_text(strict=False) or "")[:500]}}
+        if engine.status_code != 200:
+            message = f"inference engine answered {engine.status_code}: {_engine_message(data)}"
             self._record(call, calls.make_record(call, None, error=message))
-            status = 400 if flow.response.status_code == 400 else 502
-            flow.response = error_response(api, status, message)
-            return
+            return error_response(api, 400 if engine.status_code == 400 else 502, message)
         self.health.mark_ok()
         try:
             apply_chunk(self.engine, data, call.output)
-            calls.feed_ids(call, call.output.output_ids, self.model.stop_ids)
-            calls.finish_events(call)
-            completion = self._complete(call)
-            body = CODECS[api].render_response(completion)
-            self._record(call, calls.make_record(call, body, flags=call.parser.result().flags))
-        except (EngineError, CaptureError) as e:
-            flow.response = error_response(api, 502, f"polar: {e}")
-            return
-        flow.response = json_response(200, body)
+        except EngineError as e:
+            self._record(call, calls.make_record(call, None, error=str(e)))
+            return error_response(api, 502, f"polar: {e}")
+        calls.feed_ids(call, call.output.output_ids, self.model.stop_ids)
+        calls.finish_events(call)
+        body = CODECS[api].render_response(self._complete(call))
+        self._record(call, calls.make_record(call, body, flags=call.parser.result().flags))
+        return json_response(200, body)
 
     def _complete(self, call: calls.Call):
         """Completion of a finished call; remembered in the session history before the reply goes out,
