@@ -4,6 +4,7 @@ gets a 400, and concurrent and paused requests come out right."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -23,12 +24,15 @@ def post(base: str, path: str, body: Any, timeout: float = 30) -> httpx.Response
     return httpx.post(base + path, json=body, timeout=timeout)
 
 
-def events(base: str, path: str, body: dict) -> list[dict]:
-    """The SSE `data:` payloads of a streamed request; asserts it ends with [DONE]."""
+def events(base: str, path: str, body: dict, started: threading.Event | None = None) -> list[dict]:
+    """The SSE `data:` payloads of a streamed request; asserts it ends with [DONE]. Sets `started` on the
+    first payload."""
     out, done = [], False
     with httpx.stream("POST", base + path, json=body, timeout=30) as r:
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
         for line in r.iter_lines():
+            if started is not None and line.startswith("data: "):
+                started.set()
             if line.startswith("data: "):
                 assert not done, "data after [DONE]"
                 if line == "data: [DONE]":
@@ -243,11 +247,12 @@ def test_weight_reload_changes_version_and_outputs(own_server: str, tmp_path: Pa
 def test_pause_holds_new_requests_and_lets_in_flight_ones_finish(own_server: str, prompt: list[int]) -> None:
     long_body = {"input_ids": prompt, "stream": True,
                  "sampling_params": {"max_new_tokens": 300, "ignore_eos": True, "temperature": 0}}
+    started = threading.Event()
     with ThreadPoolExecutor(2) as pool:
-        in_flight = pool.submit(events, own_server, "/generate", long_body)
-        time.sleep(0.3)
+        in_flight = pool.submit(events, own_server, "/generate", long_body, started)
+        assert started.wait(30)  # generating: now pause must let it run to its end
         assert post(own_server, "/pause_generation", {}).json()["paused"]
-        assert in_flight.done() and len(in_flight.result()[-1]["output_ids"]) == 300  # pause waited for it
+        assert len(in_flight.result(timeout=30)[-1]["output_ids"]) == 300  # it was not cut off
         held = pool.submit(generate, own_server, prompt, temperature=0, max_new_tokens=4)
         time.sleep(0.5)
         assert not held.done()
