@@ -10,6 +10,7 @@ SUBCOMMANDS = {
     "serve": "polar_serve.cli",
     "proxy": "polar_mitm.cli",
     "traj": "polar_traj.cli",
+    "run": "polar.run_cli",
 }
 
 

@@ -1,0 +1,102 @@
+"""`polar run`: one harness session end to end (adapters/*.yaml), its trajectories and a summary."""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from polar.adapters import WAYS_IN, AdapterError, available, load_adapter
+from polar.runtime import RUNTIMES
+from polar.services import ROOT, ProxyHandle
+
+DEFAULT_MODEL = ROOT / "fixtures" / "tiny-qwen2"
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("run", help="run one harness session through the proxy and build its trajectories",
+                       description=__doc__)
+    p.add_argument("--adapter", required=True, help=f"adapter name ({', '.join(available())}) or a YAML file")
+    p.add_argument("--instruction", required=True, help="the task given to the harness")
+    p.add_argument("--via", default="https_proxy", choices=WAYS_IN, help="way in to the proxy")
+    engine = p.add_mutually_exclusive_group()
+    engine.add_argument("--policy", type=Path, help="scripted policy for the reference server started here")
+    engine.add_argument("--backend", help="use this inference server (SGLang/vLLM/polar serve URL)")
+    p.add_argument("--engine", default="sglang", choices=["sglang", "vllm"], help="token API of --backend")
+    p.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="model dir: tokenizer + chat template")
+    p.add_argument("--model-name", help="model name the harness asks for (default: the adapter's)")
+    p.add_argument("--context-length", type=int, default=65536,
+                   help="context of the reference server started here (harness prompts are long; 0 = model's)")
+    p.add_argument("--workdir", type=Path, help="directory copied into the fresh workspace")
+    p.add_argument("--runtime", default="local", choices=RUNTIMES,
+                   help="local: loopback-only namespaces (unshare); bwrap: bubblewrap, read-only root, no network")
+    p.add_argument("--out", type=Path, help="run folder (default: runs/<adapter>-<time>)")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds before the harness is stopped")
+    p.add_argument("--confdir", type=Path, default=Path("~/.polar/mitmproxy"), help="CA dir of a proxy started here")
+    reuse = p.add_argument_group("reuse a running proxy (polar proxy) instead of starting one")
+    reuse.add_argument("--proxy", help="its HTTPS_PROXY listener, http://127.0.0.1:PORT")
+    reuse.add_argument("--proxy-base-url", help="its base-URL listener, http://127.0.0.1:PORT")
+    reuse.add_argument("--proxy-ca", type=Path, help="its CA (default: CONFDIR/mitmproxy-ca-cert.pem)")
+    reuse.add_argument("--capture-dir", type=Path, help="its --capture-dir")
+    reuse.add_argument("--sessions", default="open", help="its --sessions: 'open' or the redis:// URL")
+    reuse.add_argument("--task-id", default="local", help="task id of the registered session (redis)")
+    p.set_defaults(func=run)
+
+
+def _port(url: str, flag: str) -> tuple[str, int]:
+    parts = urlsplit(url if "://" in url else f"http://{url}")
+    if not parts.hostname or not parts.port:
+        raise ValueError(f"{flag}: expected http://HOST:PORT, got {url!r}")
+    return parts.hostname, parts.port
+
+
+def reused_proxy(args: argparse.Namespace) -> ProxyHandle | None:
+    if not args.proxy:
+        return None
+    if not (args.proxy_base_url and args.capture_dir):
+        raise ValueError("--proxy needs --proxy-base-url and --capture-dir too")
+    if args.sessions == "open" and args.via == "base_url":
+        raise ValueError("a reused proxy in open mode names base-URL sessions by the harness's own session "
+                         "header: start it with --sessions redis://… and pass the same URL here")
+    host, p1 = _port(args.proxy, "--proxy")
+    _, p2 = _port(args.proxy_base_url, "--proxy-base-url")
+    ca = args.proxy_ca or args.confdir.expanduser() / "mitmproxy-ca-cert.pem"
+    if not ca.is_file():
+        raise ValueError(f"--proxy-ca: {ca} not found")
+    return ProxyHandle(host, p1, p2, ca, args.capture_dir, args.sessions)
+
+
+def run(args: argparse.Namespace) -> int:
+    from polar.runner import EngineConfig, RunConfig, run_session
+    from polar.runtime import SandboxError
+    from polar.services import ServiceError
+
+    try:
+        spec = load_adapter(args.adapter)
+        proxy = reused_proxy(args)
+    except (AdapterError, ValueError) as e:
+        print(f"polar run: {e}", file=sys.stderr)
+        return 2
+    out = args.out or Path("runs") / f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    cfg = RunConfig(spec, args.instruction, out.resolve(), args.via, args.runtime, args.timeout, args.model_name,
+                    args.workdir.resolve() if args.workdir else None, args.task_id,
+                    confdir=args.confdir.expanduser())
+    engine = EngineConfig(args.model.resolve(), args.backend, args.engine,
+                          args.policy.resolve() if args.policy else None, args.context_length)
+    try:
+        result = run_session(cfg, engine, proxy)
+    except (ServiceError, SandboxError, ValueError, OSError) as e:
+        print(f"polar run: {e}", file=sys.stderr)
+        return 2
+    print(f"polar run: {spec.name} via {args.via} ({args.runtime}): exit {result.exit_code}"
+          f"{' (timed out)' if result.timed_out else ''}, status {result.status}, "
+          f"harness {result.timings.get('harness_s', 0):.1f}s, total {result.timings.get('total_s', 0):.1f}s")
+    for line in result.summary.lines():
+        print(f"  {line}")
+    if result.error:
+        print(f"  {result.error}")
+    print(f"  run folder: {out}")
+    if result.timed_out:
+        return 124
+    return result.exit_code or (1 if result.error else 0)

@@ -1,0 +1,216 @@
+"""One harness session end to end: fresh HOME and workspace, engine and proxy (started or reused), the harness
+in a loopback-only sandbox, then its trajectories (prefix_merge) and a summary, all kept in the run folder.
+
+Run folder (`out`):
+  home/ workspace/         the harness's HOME and working directory
+  sandbox/                 sockets to the proxy and the CA files, as the sandbox sees them (a short temporary
+                           directory instead when this path is too long for a unix socket)
+  captures/<task>/<s>.jsonl  the session's CallRecords (the proxy's own folder when it was started here)
+  harness.stdout, harness.stderr, harness.json (argv and environment, token redacted)
+  logs/                    reference server and proxy logs (when started here)
+  trajectories.parquet     the session's trajectories, prefix_merge
+  run.json                 exit status, timings, summary
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import time
+import uuid
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from polar.adapters import AdapterSpec
+from polar.bridge import UnixToTcp
+from polar.render import Endpoint, RunValues, redact, render, write_files
+from polar.run_summary import RunSummary, changed_files, snapshot, summarize
+from polar.runtime import ExecResult, Mounts, get_runtime
+from polar.services import ROOT, ProxyHandle, Session, context_view, new_session, reference_server, start_proxy
+
+TOOLS_BIN = ROOT / ".tools" / "npm" / "node_modules" / ".bin"
+DEFAULT_CONFDIR = Path("~/.polar/mitmproxy").expanduser()
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """The inference engine: reuse `backend`, or start the reference server on `model_dir` with `policy`."""
+
+    model_dir: Path  # tokenizer + chat template (and weights for the reference server)
+    backend: str | None = None
+    engine: str = "sglang"  # token API of `backend`: sglang (/generate) or vllm (/v1/completions)
+    policy: Path | None = None
+    context_length: int = 65536  # reference server only: harness prompts are long (0 = the model's own)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    adapter: AdapterSpec
+    instruction: str
+    out: Path
+    way_in: str = "https_proxy"
+    runtime: str = "local"
+    timeout_s: float = 600.0
+    model: str | None = None  # model name the harness asks for; default: the adapter's
+    workdir: Path | None = None  # copied into the workspace first
+    task_id: str = "local"
+    session_id: str | None = None
+    confdir: Path = DEFAULT_CONFDIR  # where a proxy started here keeps its CA
+    tools_bin: tuple[Path, ...] = (TOOLS_BIN,)
+
+
+@dataclass
+class RunResult:
+    out: Path
+    exit_code: int
+    timed_out: bool
+    status: str  # completed | timeout | error
+    session: dict[str, str]
+    timings: dict[str, float]
+    summary: RunSummary
+    error: str | None = None
+    files: list[str] = field(default_factory=list)  # capture files of this run
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["out"] = str(self.out)
+        return data
+
+
+class Timer:
+    def __init__(self) -> None:
+        self.marks: dict[str, float] = {}
+        self.t0 = time.monotonic()
+
+    def lap(self, name: str, since: float) -> float:
+        now = time.monotonic()
+        self.marks[name] = round(now - since, 3)
+        return now
+
+
+def run_session(cfg: RunConfig, engine: EngineConfig, proxy: ProxyHandle | None = None) -> RunResult:
+    """Run one session; never raises for a harness failure (a crashed harness still gets its summary)."""
+    if not cfg.adapter.supports(cfg.way_in):
+        raise ValueError(f"adapter {cfg.adapter.name} does not support --via {cfg.way_in} "
+                         f"(it supports {', '.join(cfg.adapter.ways_in)})")
+    out = cfg.out
+    if out.exists() and any(out.iterdir()):
+        raise ValueError(f"run folder {out} exists and is not empty: each run gets a fresh one")
+    for d in ("home", "workspace", "logs"):
+        (out / d).mkdir(parents=True, exist_ok=True)
+    timer = Timer()
+    own_proxy = proxy is None
+    with ExitStack() as stack:
+        t = time.monotonic()
+        if proxy is None:
+            proxy = stack.enter_context(_start_services(cfg, engine, stack))
+        t = timer.lap("services_s", t)
+        sid = cfg.session_id or f"{cfg.adapter.name}-{uuid.uuid4().hex[:10]}"
+        session = new_session(proxy, cfg.task_id, sid)
+        result = _exec_harness(cfg, proxy, session, stack)
+        timer.lap("harness_s", t)
+    return _finish(cfg, proxy, own_proxy, session, result, timer)
+
+
+def _start_services(cfg: RunConfig, engine: EngineConfig, stack: ExitStack):
+    """Start the engine (unless given) and a proxy with open sessions whose capture folder is the run's."""
+    out = cfg.out
+    model = engine.model_dir
+    if engine.backend is None:
+        model = context_view(engine.model_dir, engine.context_length, out / "model")
+        backend = stack.enter_context(reference_server(model, engine.policy, out / "logs" / "serve.log"))
+    else:
+        backend = engine.backend
+    return start_proxy(model, backend, out / "captures", cfg.confdir, out / "logs" / "proxy.log",
+                       engine=engine.engine)
+
+
+MAX_SOCKET_PATH = 100  # AF_UNIX paths are limited to 107 bytes
+
+
+def _shared_dir(out: Path, stack: ExitStack) -> Path:
+    """Where the sockets and CA files the sandbox sees live: out/sandbox, or a short temporary directory when
+    the run folder's path is too long for a unix socket."""
+    shared = out / "sandbox"
+    if len(str(shared / "base-url.sock")) <= MAX_SOCKET_PATH:
+        shared.mkdir(exist_ok=True)
+        return shared
+    short = Path(tempfile.mkdtemp(prefix="polar-run-"))
+    stack.callback(shutil.rmtree, short, True)
+    return short
+
+
+def _connect_proxy(proxy: ProxyHandle, shared: Path, stack: ExitStack) -> tuple[Endpoint, list[tuple[int, Path]]]:
+    """CA files and one socket bridge per proxy listener, in the shared directory."""
+    from polar_mitm.harness_env import write_ca_bundle
+
+    ca = shared / "proxy-ca.pem"
+    shutil.copyfile(proxy.ca_cert, ca)
+    bundle = write_ca_bundle(ca, shared / "ca-bundle.pem")
+    forwards = []
+    for name, port in (("proxy.sock", proxy.proxy_port), ("base-url.sock", proxy.base_url_port)):
+        bridge = UnixToTcp(shared / name, proxy.host, port)
+        stack.callback(bridge.close)
+        forwards.append((port, shared / name))
+    return Endpoint(proxy.host, proxy.proxy_port, proxy.base_url_port, ca, bundle), forwards
+
+
+def _exec_harness(cfg: RunConfig, proxy: ProxyHandle, session: Session, stack: ExitStack) -> ExecResult:
+    out = cfg.out
+    shared = _shared_dir(out, stack)
+    mounts = Mounts(out / "home", out / "workspace", shared)
+    sandbox = get_runtime(cfg.runtime).prepare(mounts)
+    stack.callback(sandbox.stop)
+    if cfg.workdir is not None:
+        sandbox.copy_in(cfg.workdir, mounts.workspace)
+    (mounts.home / ".tmp").mkdir(exist_ok=True)
+    endpoint, forwards = _connect_proxy(proxy, shared, stack)
+    values = RunValues(cfg.instruction, cfg.model or cfg.adapter.model, mounts.home, mounts.workspace,
+                       session.session_id, session.token, cfg.way_in)
+    rendered = render(cfg.adapter, values, endpoint, list(cfg.tools_bin))
+    write_files(rendered.files)
+    (out / "harness.json").write_text(json.dumps({
+        "argv": list(rendered.argv), "env": redact(rendered.env, session.token),
+        "files": [str(p) for p in rendered.files], "runtime": cfg.runtime, "via": cfg.way_in,
+    }, indent=2))
+    (out / "workspace.before.json").write_text(json.dumps(snapshot(mounts.workspace)))
+    return sandbox.exec(rendered.argv, rendered.env, mounts.workspace, cfg.timeout_s,
+                        out / "harness.stdout", out / "harness.stderr", forwards)
+
+
+def _finish(cfg: RunConfig, proxy: ProxyHandle, own_proxy: bool, session: Session, result: ExecResult,
+            timer: Timer) -> RunResult:
+    out = cfg.out
+    t = time.monotonic()
+    files = _capture_files(proxy, own_proxy, session, out)
+    status = "timeout" if result.timed_out else "completed" if result.exit_code == 0 else "error"
+    reason = None if status == "completed" else f"harness exited {result.exit_code}" + (
+        f" after the {cfg.timeout_s:.0f}s timeout" if result.timed_out else "")
+    before = json.loads((out / "workspace.before.json").read_text())
+    changed = changed_files(before, snapshot(out / "workspace"))
+    summary, error = summarize(files, out / "trajectories.parquet", cfg.adapter.name, status, reason, changed)
+    timer.lap("build_s", t)
+    timer.marks["total_s"] = round(time.monotonic() - timer.t0, 3)
+    run = RunResult(out, result.exit_code, result.timed_out, status,
+                    {"task_id": session.task_id, "session_id": session.session_id, "via": cfg.way_in,
+                     "adapter": cfg.adapter.name, "runtime": cfg.runtime},
+                    timer.marks, summary, error, [str(f) for f in files])
+    (out / "run.json").write_text(json.dumps(run.to_dict(), indent=2))
+    return run
+
+
+def _capture_files(proxy: ProxyHandle, own_proxy: bool, session: Session, out: Path) -> list[Path]:
+    """This run's capture files: all of a proxy started for this run (in open mode a harness may name its
+    session by its own header), else the session's own file, copied into the run folder."""
+    if own_proxy:
+        root = proxy.capture_dir
+        return sorted(root.glob("*/*.jsonl")) if root.is_dir() else []
+    src = proxy.capture_dir / session.task_id / f"{session.session_id}.jsonl"
+    if not src.exists():
+        return []
+    dst = out / "captures" / session.task_id / src.name
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(src, dst)
+    return [dst]

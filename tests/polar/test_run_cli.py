@@ -1,0 +1,112 @@
+"""`polar run` from the command line: a real harness end to end with everything started by the runner (in the
+bubblewrap runtime), a custom harness that crashes after two calls, and argument checks."""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from polar.cli import build_parser
+from polar.run_cli import reused_proxy
+from polar_traj import read as read_trajectories
+
+ROOT = Path(__file__).resolve().parents[2]
+
+CRASHER = """
+import json, os, sys, urllib.request
+messages = [{"role": "user", "content": sys.argv[1]}]
+for _ in range(2):
+    body = json.dumps({"model": "m", "messages": messages, "max_tokens": 32}).encode()
+    headers = {"Authorization": "Bearer " + os.environ["KEY"], "Content-Type": "application/json"}
+    request = urllib.request.Request(os.environ["BASE"] + "/chat/completions", body, headers)
+    reply = json.load(urllib.request.urlopen(request))["choices"][0]["message"]
+    messages += [{"role": "assistant", "content": reply["content"]}, {"role": "user", "content": "again"}]
+os._exit(3)
+"""
+
+
+def polar_run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "polar.cli", "run", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_run_is_registered():
+    args = build_parser().parse_args(["run", "--adapter", "pi", "--instruction", "x"])
+    assert (args.via, args.runtime, args.timeout, args.backend) == ("https_proxy", "local", 600.0, None)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--proxy", "http://127.0.0.1:1"], "needs --proxy-base-url and --capture-dir"),
+    (["--proxy", "http://127.0.0.1:1", "--proxy-base-url", "http://127.0.0.1:2", "--capture-dir", "c",
+      "--via", "base_url"], "open mode"),
+    (["--proxy", "127.0.0.1", "--proxy-base-url", "http://127.0.0.1:2", "--capture-dir", "c"], "HOST:PORT"),
+])
+def test_reused_proxy_arguments(argv, message):
+    args = build_parser().parse_args(["run", "--adapter", "pi", "--instruction", "x", *argv])
+    with pytest.raises(ValueError, match=message):
+        reused_proxy(args)
+
+
+def test_reused_proxy_handle(tmp_path):
+    ca = tmp_path / "ca.pem"
+    ca.write_text("pem")
+    args = argparse.Namespace(proxy="http://127.0.0.1:8080", proxy_base_url="http://127.0.0.1:8081",
+                              capture_dir=tmp_path, sessions="unix:///r.sock", via="base_url", proxy_ca=ca,
+                              confdir=tmp_path)
+    h = reused_proxy(args)
+    assert (h.host, h.proxy_port, h.base_url_port, h.ca_cert, h.sessions) == ("127.0.0.1", 8080, 8081, ca,
+                                                                              "unix:///r.sock")
+
+
+def test_bad_adapter_is_a_usage_error():
+    done = polar_run("--adapter", "no-such", "--instruction", "x")
+    assert done.returncode == 2 and "no such adapter" in done.stderr
+
+
+@pytest.mark.slow
+def test_pi_end_to_end_in_bwrap(tmp_path, policies_dir):
+    """Everything started by the runner: reference server (shell-once), proxy, pi in bubblewrap."""
+    out = tmp_path / "run"
+    done = polar_run("--adapter", "pi", "--instruction", "write polar.txt", "--runtime", "bwrap",
+                     "--policy", str(policies_dir / "shell-once.yaml"), "--out", str(out),
+                     "--confdir", str(tmp_path / "mitm"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "calls: 2 (0 with an error)" in done.stdout and "files changed: added 1" in done.stdout
+    assert (out / "workspace" / "polar.txt").read_text() == "polar\n"
+    assert "Done." in (out / "harness.stdout").read_text()
+    run = json.loads((out / "run.json").read_text())
+    assert run["status"] == "completed" and run["exit_code"] == 0 and run["summary"]["trajectories"] == 1
+    assert set(run["timings"]) == {"services_s", "harness_s", "build_s", "total_s"}
+    harness = json.loads((out / "harness.json").read_text())
+    assert "<token>" in harness["env"]["HTTPS_PROXY"] and harness["runtime"] == "bwrap"
+    assert (out / "logs" / "proxy.log").exists() and (out / "logs" / "serve.log").exists()
+
+
+def test_crashed_harness_keeps_its_calls(tmp_path, start_reference_server, policies_dir, tiny_model_dir):
+    backend = start_reference_server(policies_dir / "plain-answer.yaml")
+    adapter = tmp_path / "crasher.yaml"
+    adapter.write_text(yaml.safe_dump({
+        "name": "crasher", "api": "openai_chat", "model": "m",
+        "provider": {"url": "https://api.openai.com/v1", "base_path": "/v1"}, "ways_in": {"base_url": {}},
+        "command": [sys.executable, "-c", CRASHER, "{{ instruction }}"],
+        "env": {"BASE": "{{ base_url }}", "KEY": "{{ api_key }}"},
+    }))
+    out = tmp_path / ("long-" * 16) / "run"  # too long a path for the unix sockets: a short temporary dir serves
+    done = polar_run("--adapter", str(adapter), "--instruction", "hello", "--via", "base_url",
+                     "--backend", backend, "--model", str(tiny_model_dir), "--out", str(out),
+                     "--confdir", str(tmp_path / "mitm"))
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert "calls: 2 (0 with an error)" in done.stdout
+    records = [json.loads(line) for f in (out / "captures").glob("*/*.jsonl") for line in f.read_text().splitlines()]
+    assert len(records) == 2 and all(r["output_ids"] for r in records)
+    run = json.loads((out / "run.json").read_text())
+    assert run["status"] == "error" and run["exit_code"] == 3
+    rows = read_trajectories(out / "trajectories.parquet").to_pylist()
+    assert rows and all(r["status"] == "error" and not any(r["loss_mask"]) for r in rows)
+    again = polar_run("--adapter", str(adapter), "--instruction", "hello", "--via", "base_url", "--out", str(out))
+    assert again.returncode == 2 and "not empty" in again.stderr

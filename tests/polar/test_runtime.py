@@ -1,0 +1,88 @@
+"""Runtimes: the sandbox has only loopback, reaches a host TCP service through the unix-socket bridge, passes the
+exit status through, and a timeout stops the whole process tree."""
+from __future__ import annotations
+
+import http.server
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from polar.bridge import UnixToTcp
+from polar.runtime import RUNTIMES, Mounts, get_runtime
+
+
+@pytest.fixture
+def host_service():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server.server_address[1]
+    server.shutdown()
+
+
+@pytest.fixture
+def mounts(tmp_path) -> Mounts:
+    m = Mounts(tmp_path / "home", tmp_path / "ws", tmp_path / "shared")
+    for d in (m.home, m.workspace, m.shared):
+        d.mkdir()
+    return m
+
+
+def run(runtime: str, mounts: Mounts, script: str, forwards=(), timeout: float = 60):
+    sandbox = get_runtime(runtime).prepare(mounts)
+    env = {"PATH": os.environ["PATH"], "HOME": str(mounts.home)}
+    out, err = mounts.shared / "out", mounts.shared / "err"
+    result = sandbox.exec(["sh", "-c", script], env, mounts.workspace, timeout, out, err, forwards)
+    sandbox.stop()
+    return result, out.read_text(), err.read_text()
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_only_loopback_and_the_bridge(runtime, mounts, host_service):
+    bridge = UnixToTcp(mounts.shared / "svc.sock", "127.0.0.1", host_service)
+    script = (f"python3 -c \"import urllib.request as u; print(u.urlopen('http://127.0.0.1:{host_service}/').status)\";"
+              "sed -n '3,$p' /proc/net/dev | cut -d: -f1 | tr -d ' '; echo x > out.txt; echo y > $HOME/h.txt;"
+              "python3 -c \"import socket; socket.create_connection(('1.1.1.1', 80), timeout=3)\" 2>&1 | tail -1")
+    try:
+        result, out, _ = run(runtime, mounts, script, [(host_service, mounts.shared / "svc.sock")])
+    finally:
+        bridge.close()
+    lines = out.splitlines()
+    assert result.exit_code == 0 and not result.timed_out
+    assert lines[0] == "200"  # the host service, through the socket
+    assert lines[1:-1] == ["lo"]  # no other interface
+    assert "Network is unreachable" in lines[-1]
+    assert (mounts.workspace / "out.txt").read_text() == "x\n" and (mounts.home / "h.txt").exists()
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_exit_status_passes_through(runtime, mounts):
+    result, out, err = run(runtime, mounts, "echo to-out; echo to-err >&2; exit 7")
+    assert (result.exit_code, out, err) == (7, "to-out\n", "to-err\n")
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_timeout_stops_the_tree(runtime, mounts):
+    marker = mounts.workspace / "late"
+    result, _, _ = run(runtime, mounts, f"(sleep 3; touch {marker}) & sleep 30", timeout=1)
+    assert result.timed_out and result.wall_s < 20
+    import time
+    time.sleep(3.5)
+    assert not marker.exists()  # the background child died with the sandbox
+
+
+def test_bwrap_root_is_read_only(mounts, tmp_path_factory):
+    outside = tmp_path_factory.getbasetemp().parent / "polar-bwrap-probe"
+    outside.write_text("host /tmp")
+    try:
+        script = f"touch /usr/polar-x 2>/dev/null || echo read-only; cat {outside} 2>/dev/null || echo hidden"
+        result, out, _ = run("bwrap", mounts, script)
+    finally:
+        outside.unlink()
+    assert result.exit_code == 0 and out.split() == ["read-only", "hidden"]
+
+
+def test_unknown_runtime():
+    with pytest.raises(ValueError, match="unknown runtime"):
+        get_runtime("docker")
