@@ -44,10 +44,13 @@ def wait_for_port(port: int, proc: subprocess.Popen, log: Path, timeout: float =
         if proc.poll() is not None:
             raise RuntimeError(f"mitmdump exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
         try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2) as s:
+                # A connect to a free ephemeral port can land on itself (TCP simultaneous open): not a listener.
+                if s.getsockname() != s.getpeername():
+                    return
         except OSError:
-            time.sleep(0.05)
+            pass
+        time.sleep(0.05)
     raise RuntimeError(f"nothing listens on 127.0.0.1:{port} after {timeout:.0f}s:\n{log.read_text()[-3000:]}")
 
 
@@ -69,6 +72,12 @@ def start_proxy(workdir: Path, backend: str, model_dir: Path, *extra: str) -> tu
     try:
         wait_for_port(p1, proc, log)
         wait_for_port(p2, proc, log)
+        ca = confdir / "mitmproxy-ca-cert.pem"
+        deadline = time.monotonic() + 30
+        while not ca.exists():  # mitmproxy may write its CA just after the listeners open
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"mitmdump wrote no CA at {ca}")
+            time.sleep(0.05)
     except RuntimeError:
         proc.kill()
         raise

@@ -13,7 +13,9 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
-from polar_mitm.conversation import Conversation, Message, Tool
+from jinja2 import TemplateError
+
+from polar_mitm.conversation import Conversation, Message, ProviderError, Tool
 
 # A fixed stand-in history: the delta of new messages is rendered after it and cut off, so the
 # per-turn template work does not grow with the real history.
@@ -107,12 +109,15 @@ class ChatRenderer:
         return self._bases[tools_key]
 
     def render_text(self, messages: tuple[Message, ...], tools: tuple[Tool, ...], generation_prompt: bool) -> str:
-        return self.tokenizer.apply_chat_template(
-            to_template_messages(messages),
-            tools=to_template_tools(tools),
-            add_generation_prompt=generation_prompt,
-            tokenize=False,
-        )
+        try:
+            return self.tokenizer.apply_chat_template(
+                to_template_messages(messages),
+                tools=to_template_tools(tools),
+                add_generation_prompt=generation_prompt,
+                tokenize=False,
+            )
+        except TemplateError as e:  # e.g. a template that raises on a role order it does not support
+            raise ProviderError(400, f"the model's chat template rejected this conversation: {e}") from e
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]

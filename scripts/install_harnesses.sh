@@ -46,6 +46,8 @@ else
   cp "$dst/package-lock.json" "$src/package-lock.json"
 fi
 ln -sfn node_modules/.bin "$dst/bin"
+# qwen-code vendors ripgrep without the execute bit; without it qwen falls back to a slower built-in grep.
+find "$dst/node_modules/@qwen-code" -path '*/vendor/ripgrep/*/rg' -type f -exec chmod +x {} + 2>/dev/null || true
 info "installed in $((SECONDS - start)) s"
 
 # Each CLI's --version, with no network but loopback and a throwaway HOME.

@@ -77,6 +77,9 @@ def parse_request(body: dict[str, Any], path: str = "/v1/messages") -> Conversat
             _add_user(transcript, blocks, where)
         elif role == "assistant":
             transcript.add(_assistant(blocks, where))
+        elif role == "system":
+            # Claude Code's mid-conversation system turn (beta mid-conversation-system): kept in place.
+            transcript.add(Message("system", join_text(content, f"{where}.content", _TEXT)))
         else:
             raise bad(f"{where}.role {role!r} is not supported")
     return Conversation(

@@ -88,7 +88,7 @@ def test_count_tokens_body_parses_without_max_tokens():
     [
         ({"messages": [{"role": "user", "content": "x"}]}, "model"),
         ({"model": "m", "messages": []}, "must not be empty"),
-        ({"model": "m", "messages": [{"role": "system", "content": "x"}]}, "'system'"),
+        ({"model": "m", "messages": [{"role": "developer", "content": "x"}]}, "'developer'"),
         ({"model": "m", "messages": [{"role": "user", "content": [{"type": "tool_use"}]}]}, "'tool_use'"),
         ({"model": "m", "messages": [{"role": "assistant", "content": [{"type": "server_tool_use"}]}]},
          "'server_tool_use'"),
@@ -202,3 +202,11 @@ def test_models_list_parses_in_sdk():
     client = _client(lambda body, req: httpx.Response(200, json=codec.render_models(["polar-tiny"])))
     assert [m.id for m in client.models.list()] == ["polar-tiny"]
     ModelInfo.model_validate(codec.render_models(["x"])["data"][0])
+
+
+def test_mid_conversation_system_turn_stays_in_place():
+    """Claude Code 2.1 sends a `system` message after the user's task on a session's first call."""
+    body = {"model": "m", "max_tokens": 5, "system": "S", "messages": [
+        {"role": "user", "content": "task"}, {"role": "system", "content": [{"type": "text", "text": "# Env"}]}]}
+    conv = codec.parse_request(body, "/v1/messages")
+    assert [(m.role, m.content) for m in conv.messages] == [("system", "S"), ("user", "task"), ("system", "# Env")]
