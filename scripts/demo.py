@@ -1,75 +1,76 @@
-"""`make demo`: start the reference server on 127.0.0.1, send one chat request to SGLang's /generate, and print
-every sampled token with its id and logprob. Runs offline on the committed tiny model.
+"""`make demo`: Polar's main job on embedded defaults. A real, unchanged harness (Codex CLI) runs in a
+loopback-only sandbox against the proxy and the reference server (tiny model, scripted `shell-once`
+policy: call the shell tool to write a file, then answer "Done."). Every call is recorded token-exact
+and merged into one trajectory, written as Parquet; this prints the run summary and the trajectory.
 
-    .venv/bin/python scripts/demo.py [--model DIR] [--max-new-tokens N]
+    .venv/bin/python scripts/demo.py [--adapter NAME] [--via https_proxy|base_url] [--out DIR]
 """
 from __future__ import annotations
 
 import argparse
-import math
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-import httpx  # noqa: E402
-
-from polar_serve.launch import reference_server  # noqa: E402
-
-CONVERSATION = [
-    {"role": "system", "content": "You are a coding agent. Use the shell tool when it helps."},
-    {"role": "user", "content": "Create hello.txt containing the word hello."},
-]
-TOOLS = [{"type": "function", "function": {
-    "name": "shell", "description": "Run a shell command",
-    "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}]
+MODEL = ROOT / "fixtures" / "tiny-qwen2"
+POLICY = ROOT / "fixtures" / "policies" / "shell-once.yaml"
+INSTRUCTION = "Create the file polar.txt containing the word polar, using the shell."
 
 
-def render_prompt(model: Path) -> list[int]:
+def show_trajectory(parquet: Path, shown: int) -> None:
+    import pyarrow.parquet as pq
     from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
-    tokenizer = AutoTokenizer.from_pretrained(model)
-    return list(tokenizer.apply_chat_template(CONVERSATION, tools=TOOLS, add_generation_prompt=True,
-                                              tokenize=True, return_dict=False))
+    tok = AutoTokenizer.from_pretrained(MODEL)
+    rows = pq.read_table(parquet).to_pylist()
+    print(f"\n== {parquet} ({len(rows)} trajectories; pandas.read_parquet reads it as is)")
+    for row in rows:
+        mask, ids, lps = row["loss_mask"], row["response_ids"], row["logprobs"]
+        print(f"trajectory {row['trajectory_id']}: {row['num_calls']} calls, strategy {row['strategy']}, "
+              f"status {row['status']}, prompt {row['prompt_len']} tokens, response {row['response_len']} tokens "
+              f"({sum(mask)} sampled = loss_mask 1, {len(mask) - sum(mask)} between calls = loss_mask 0)")
+        print(f"  {'#':>4} {'mask':>4} {'id':>5} {'logprob':>9}  token")
+        i = 0
+        while i < min(len(ids), shown):
+            if mask[i]:
+                print(f"  {i:4d} {1:4d} {ids[i]:5d} {lps[i]:9.4f}  {tok.decode([ids[i]])!r}")
+                i += 1
+                continue
+            j = i
+            while j < len(ids) and not mask[j]:
+                j += 1
+            text = tok.decode(ids[i:j])
+            text = text if len(text) <= 90 else text[:40] + " … " + text[-40:]
+            print(f"  {i:4d} {0:4d}  ({j - i} tokens the engine read between calls: tool result, template) {text!r}")
+            i = j
+        if len(ids) > shown:
+            print(f"  … {len(ids) - shown} more")
 
 
-def print_table(response: dict) -> None:
-    rows = response["meta_info"]["output_token_logprobs"]
-    print(f"{'#':>3}  {'id':>5}  {'logprob':>9}  {'prob':>7}  token")
-    for i, (logprob, token_id, text) in enumerate(rows):
-        print(f"{i:>3}  {token_id:>5}  {logprob:>9.4f}  {math.exp(logprob):>7.4f}  {text!r}")
-    total = sum(lp for lp, _, _ in rows)
-    print(f"sum of logprobs {total:.4f} over {len(rows)} tokens")
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", type=Path, default=ROOT / "fixtures" / "tiny-qwen2")
-    parser.add_argument("--max-new-tokens", type=int, default=24)
-    args = parser.parse_args(argv)
-
-    prompt_ids = render_prompt(args.model)
-    print(f"== starting the reference server on {args.model.name} (127.0.0.1, a free port)")
-    with reference_server(args.model) as base:
-        print(f"== {base}: POST /generate with a {len(prompt_ids)}-token chat prompt (ChatML + tools)")
-        body = {"input_ids": prompt_ids, "return_logprob": True, "return_text_in_logprobs": True,
-                "sampling_params": {"temperature": 0, "max_new_tokens": args.max_new_tokens,
-                                    "skip_special_tokens": False}}
-        t0 = time.perf_counter()
-        response = httpx.post(f"{base}/generate", json=body, timeout=60).raise_for_status().json()
-        elapsed = time.perf_counter() - t0
-    meta = response["meta_info"]
-    print(f"== reply ({meta['completion_tokens']} tokens in {elapsed * 1000:.0f} ms, finish {meta['finish_reason']}, "
-          f"weight_version {meta['weight_version']}):\n{response['text']!r}\n")
-    print_table(response)
-    print("== server stopped. (A random tiny model: the words are noise, the numbers are exact.)")
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--adapter", default="codex")
+    ap.add_argument("--via", default="https_proxy", choices=["https_proxy", "base_url"])
+    ap.add_argument("--out", type=Path, default=ROOT / "runs" / f"demo-{time.strftime('%Y%m%d-%H%M%S')}")
+    ap.add_argument("--show", type=int, default=400, help="trajectory tokens to print")
+    args = ap.parse_args()
+    print(f"== polar run --adapter {args.adapter} --via {args.via} --policy {POLICY.relative_to(ROOT)}")
+    cmd = [sys.executable, "-m", "polar.cli", "run", "--adapter", args.adapter, "--via", args.via,
+           "--instruction", INSTRUCTION, "--policy", str(POLICY), "--model", str(MODEL), "--out", str(args.out)]
+    code = subprocess.call(cmd, cwd=ROOT)
+    if code != 0:
+        print(f"demo: polar run failed with exit {code}; its logs are in {args.out}", file=sys.stderr)
+        return code
+    made = args.out / "workspace" / "polar.txt"
+    print(f"\n== the harness's shell wrote {made}: {made.read_text()!r}" if made.exists()
+          else f"\n== {made} was not written")
+    show_trajectory(args.out / "trajectories.parquet", args.show)
     return 0
 
 
