@@ -18,13 +18,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="polar", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     for module_name in SUBCOMMANDS.values():
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as e:
-            if e.name != module_name:
-                raise
-            continue  # component not built yet
-        module.register(sub)
+        importlib.import_module(module_name).register(sub)
     return parser
 
 
