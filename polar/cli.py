@@ -15,7 +15,7 @@ SUBCOMMANDS = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="polar", description=__doc__)
+    parser = argparse.ArgumentParser(prog="polar", description="Polar: any coding agent as a token-exact RL environment.")
     sub = parser.add_subparsers(dest="command", required=True)
     for module_name in SUBCOMMANDS.values():
         importlib.import_module(module_name).register(sub)

@@ -4,14 +4,14 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import socket
 import subprocess
 import sys
-import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
+
+from polar_mitm.launch import free_port, wait_for_file, wait_for_port
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -68,44 +68,6 @@ def context_view(model_dir: Path, context_length: int, dest: Path) -> Path:
     return view
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def wait_for_port(host: str, port: int, proc: subprocess.Popen, log: Path, timeout: float = 90.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise ServiceError(f"exited with {proc.returncode}; log {log}:\n{_tail(log)}")
-        try:
-            with socket.create_connection((host, port), timeout=0.5) as s:
-                # connecting to a free ephemeral port can "succeed" by connecting the socket to itself
-                if s.getsockname() != s.getpeername():
-                    return
-        except OSError:
-            pass
-        time.sleep(0.1)
-    raise ServiceError(f"nothing listens on {host}:{port} after {timeout:.0f}s; log {log}:\n{_tail(log)}")
-
-
-def wait_for_file(path: Path, proc: subprocess.Popen, log: Path, timeout: float = 30.0) -> None:
-    """mitmproxy writes its CA just after its listeners are up."""
-    deadline = time.monotonic() + timeout
-    while not path.is_file():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise ServiceError(f"no {path} (exit {proc.poll()}); log {log}:\n{_tail(log)}")
-        time.sleep(0.05)
-
-
-def _tail(log: Path, n: int = 3000) -> str:
-    try:
-        return log.read_text(errors="replace")[-n:]
-    except OSError:
-        return ""
-
-
 def _stop(proc: subprocess.Popen) -> None:
     proc.terminate()
     try:
@@ -131,7 +93,7 @@ def reference_server(model_dir: Path, policy: Path | None, log: Path) -> Iterato
 def start_proxy(tokenizer: Path, backend: str, capture_dir: Path, confdir: Path, log: Path,
                 sessions: str = "open", engine: str = "sglang", host: str = "127.0.0.1") -> Iterator[ProxyHandle]:
     """`polar proxy` on two free ports; yields its handle. `sessions`: "open" or a redis:// / unix:// URL."""
-    p1, p2 = free_port(host), free_port(host)
+    p1, p2 = free_port(), free_port()  # host is always loopback here
     cmd = [sys.executable, "-m", "polar.cli", "proxy", "--tokenizer", str(tokenizer), "--backend", backend,
            "--engine", engine,
            "--capture-dir", str(capture_dir), "--sessions", sessions, "--host", host,
@@ -142,11 +104,11 @@ def start_proxy(tokenizer: Path, backend: str, capture_dir: Path, confdir: Path,
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
     try:
         try:
-            wait_for_port(host, p1, proc, log)
-            wait_for_port(host, p2, proc, log)
+            wait_for_port(p1, proc, log, 90.0, host)
+            wait_for_port(p2, proc, log, 90.0, host)
             ca = confdir / "mitmproxy-ca-cert.pem"
             wait_for_file(ca, proc, log)
-        except ServiceError as e:
+        except RuntimeError as e:
             raise ServiceError(f"proxy: {e}") from e
         yield ProxyHandle(host, p1, p2, ca, capture_dir, sessions)
     finally:

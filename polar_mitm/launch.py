@@ -38,20 +38,37 @@ class ProxyProcess:
         return f"http://127.0.0.1:{self.base_port}"
 
 
-def wait_for_port(port: int, proc: subprocess.Popen, log: Path, timeout: float = 60.0) -> None:
+def wait_for_port(port: int, proc: subprocess.Popen, log: Path, timeout: float = 60.0, host: str = "127.0.0.1") -> None:
+    """Until something listens on host:port; RuntimeError with the end of `log` if the process dies first."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"mitmdump exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+            raise RuntimeError(f"exited with {proc.returncode}; log {log}:\n{_tail(log)}")
         try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2) as s:
+            with socket.create_connection((host, port), timeout=0.2) as s:
                 # A connect to a free ephemeral port can land on itself (TCP simultaneous open): not a listener.
                 if s.getsockname() != s.getpeername():
                     return
         except OSError:
             pass
         time.sleep(0.05)
-    raise RuntimeError(f"nothing listens on 127.0.0.1:{port} after {timeout:.0f}s:\n{log.read_text()[-3000:]}")
+    raise RuntimeError(f"nothing listens on {host}:{port} after {timeout:.0f}s; log {log}:\n{_tail(log)}")
+
+
+def wait_for_file(path: Path, proc: subprocess.Popen, log: Path, timeout: float = 30.0) -> None:
+    """mitmproxy writes its CA just after its listeners are up."""
+    deadline = time.monotonic() + timeout
+    while not path.is_file():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"no {path} (exit {proc.poll()}); log {log}:\n{_tail(log)}")
+        time.sleep(0.05)
+
+
+def _tail(log: Path, n: int = 3000) -> str:
+    try:
+        return log.read_text(errors="replace")[-n:]
+    except OSError:
+        return ""
 
 
 def start_proxy(workdir: Path, backend: str, model_dir: Path, *extra: str) -> tuple[subprocess.Popen, ProxyProcess]:
@@ -72,12 +89,7 @@ def start_proxy(workdir: Path, backend: str, model_dir: Path, *extra: str) -> tu
     try:
         wait_for_port(p1, proc, log)
         wait_for_port(p2, proc, log)
-        ca = confdir / "mitmproxy-ca-cert.pem"
-        deadline = time.monotonic() + 30
-        while not ca.exists():  # mitmproxy may write its CA just after the listeners open
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"mitmdump wrote no CA at {ca}")
-            time.sleep(0.05)
+        wait_for_file(confdir / "mitmproxy-ca-cert.pem", proc, log)
     except RuntimeError:
         proc.kill()
         raise
