@@ -21,6 +21,8 @@ from typing import Mapping, Protocol, Sequence
 
 from polar import bridge
 
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
 RUNTIMES = ("local", "bwrap")
 
 
@@ -156,6 +158,8 @@ class BwrapSandbox(_HostSandbox):
         cmd = [self.bwrap, "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
                "--die-with-parent", "--new-session", "--ro-bind", "/", "/", "--dev", "/dev",
                "--proc", "/proc", "--tmpfs", "/tmp"]
+        for d in _under_tmp(PROJECT_ROOT, Path(sys.prefix)):
+            cmd += ["--ro-bind", str(d), str(d)]  # a checkout or venv under /tmp stays visible past the tmpfs
         for d in (self.mounts.home, self.mounts.workspace, self.mounts.shared):
             cmd += ["--bind", str(d), str(d)]
         return cmd + ["--chdir", str(cwd)]
@@ -163,6 +167,15 @@ class BwrapSandbox(_HostSandbox):
     def exec(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path, timeout_s: float,
              stdout: Path, stderr: Path, forwards: Sequence[tuple[int, Path]] = ()) -> ExecResult:
         return run_group(self.command(cwd) + ["--", *bridged(argv, forwards)], env, cwd, timeout_s, stdout, stderr)
+
+
+def _under_tmp(*paths: Path) -> list[Path]:
+    found = []
+    for p in paths:
+        p = p.resolve()
+        if p.is_relative_to("/tmp") and p != Path("/tmp") and not any(p.is_relative_to(f) for f in found):
+            found.append(p)
+    return found
 
 
 class BwrapRuntime:
