@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from polar_mitm.launch import free_port, wait_for_file, wait_for_port
+from polar_mitm.launch import free_port, stop, wait_for_file, wait_for_port
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -68,15 +68,6 @@ def context_view(model_dir: Path, context_length: int, dest: Path) -> Path:
     return view
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
 @contextmanager
 def reference_server(model_dir: Path, policy: Path | None, log: Path) -> Iterator[str]:
     """`polar serve` on 127.0.0.1 and a free port; yields its base URL."""
@@ -112,4 +103,4 @@ def start_proxy(tokenizer: Path, backend: str, capture_dir: Path, confdir: Path,
             raise ServiceError(f"proxy: {e}") from e
         yield ProxyHandle(host, p1, p2, ca, capture_dir, sessions)
     finally:
-        _stop(proc)
+        stop(proc)

@@ -96,15 +96,20 @@ def start_proxy(workdir: Path, backend: str, model_dir: Path, *extra: str) -> tu
     return proc, ProxyProcess(proc.pid, p1, p2, confdir / "mitmproxy-ca-cert.pem", capture, backend, log)
 
 
+def stop(proc: subprocess.Popen) -> None:
+    """Terminate, and kill what does not exit within 10 s."""
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 @contextmanager
 def proxy_process(workdir: Path, backend: str, model_dir: Path, *extra: str) -> Iterator[ProxyProcess]:
     proc, handle = start_proxy(workdir, backend, model_dir, *extra)
     try:
         yield handle
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from polar_mitm import launch
-from polar_mitm.launch import free_port  # noqa: F401  (tests import it from here)
+from polar_mitm.launch import free_port, stop  # noqa: F401  (free_port: tests import it from here)
 
 
 @dataclass
@@ -43,5 +43,4 @@ def start_proxy(tmp: Path, backend: str, model_dir: Path, *extra: str):
 def proxy(tmp_path_factory, reference_server, tiny_model_dir):
     proc, handle = start_proxy(tmp_path_factory.mktemp("proxy"), reference_server, tiny_model_dir)
     yield handle
-    proc.terminate()
-    proc.wait(10)
+    stop(proc)

@@ -7,7 +7,7 @@ import threading
 
 import httpx
 
-from polar_mitm.launch import ADDON, free_port, wait_for_port
+from polar_mitm.launch import stop, ADDON, free_port, wait_for_port
 
 
 def test_polar_proxy_prints_the_harness_environment_and_serves(tmp_path, reference_server, tiny_model_dir):
@@ -27,8 +27,7 @@ def test_polar_proxy_prints_the_harness_environment_and_serves(tmp_path, referen
         assert r.status_code == 200 and r.json()["object"] == "chat.completion"
         assert (tmp_path / "cap" / "local" / "cli.jsonl").exists()
     finally:
-        proc.terminate()
-        proc.wait(10)
+        stop(proc)
     out = "".join(lines)
     assert f"CA certificate {tmp_path / 'conf' / 'mitmproxy-ca-cert.pem'}" in out
     assert f"export HTTPS_PROXY=http://SESSION:TOKEN@127.0.0.1:{p1}" in out

@@ -8,6 +8,7 @@ import threading
 import httpx
 import pytest
 
+from polar_mitm.launch import stop
 from polar_mitm.sessions import register_session
 from tests.polar_mitm.conftest import free_port, start_proxy
 from tests.redis_server import redis_server
@@ -113,8 +114,7 @@ def test_engine_down_gives_the_providers_5xx_and_a_record(tmp_path, tiny_model_d
         # the proxy keeps serving
         assert httpx.get(proxy.base_url + "/v1/models", headers={"authorization": "Bearer k"}).status_code == 200
     finally:
-        proc.terminate()
-        proc.wait(10)
+        stop(proc)
 
 
 def test_registered_sessions_only_when_not_open(tmp_path, reference_server, tiny_model_dir):
@@ -143,8 +143,7 @@ def test_registered_sessions_only_when_not_open(tmp_path, reference_server, tiny
             assert len(records) == 2 and all(r["error"] is None for r in records)
             assert token not in json.dumps(records)
         finally:
-            proc.terminate()
-            proc.wait(10)
+            stop(proc)
 
 
 def test_vllm_engine_mode_records_the_engines_tokens(tmp_path, reference_server, tiny_model_dir):
@@ -162,5 +161,4 @@ def test_vllm_engine_mode_records_the_engines_tokens(tmp_path, reference_server,
         assert plain["output_ids"] == streamed["output_ids"] == direct["token_ids"]
         assert plain["output_logprobs"] == pytest.approx(direct["logprobs"]["token_logprobs"], abs=1e-6)
     finally:
-        proc.terminate()
-        proc.wait(10)
+        stop(proc)

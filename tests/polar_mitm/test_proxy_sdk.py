@@ -6,6 +6,7 @@ import itertools
 import httpx
 import pytest
 
+from polar_mitm.launch import stop
 from tests.polar_mitm.conftest import start_proxy
 from tests.polar_mitm.sdk_clients import CLIENTS, Way
 
@@ -18,8 +19,7 @@ def scripted_proxy(tmp_path_factory, start_reference_server, policies_dir, tiny_
     backend = start_reference_server(policies_dir / "tool-call.yaml")
     proc, handle = start_proxy(tmp_path_factory.mktemp("scripted"), backend, tiny_model_dir)
     yield handle
-    proc.terminate()
-    proc.wait(10)
+    stop(proc)
 
 
 def way_in(proxy, via: str, session: str) -> Way:
