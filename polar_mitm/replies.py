@@ -2,15 +2,12 @@
 from __future__ import annotations
 
 import json
-from types import ModuleType
 from typing import Any
 
 from mitmproxy import http
 
 from polar_mitm.conversation import ProviderError
-from polar_mitm.providers import anthropic, gemini, openai_chat, openai_responses
-
-CODECS: dict[str, ModuleType] = {m.API: m for m in (openai_chat, openai_responses, anthropic, gemini)}
+from polar_mitm.providers import CODECS
 
 
 def family_api(family: str) -> str:

@@ -19,7 +19,8 @@ from polar_mitm.conversation import Conversation, ProviderError
 from polar_mitm.engine import EngineError, apply_chunk, engine_request, parse_engine
 from polar_mitm.model import Model, load_model
 from polar_mitm.prompt import SessionHistory
-from polar_mitm.replies import CODECS, error_response, json_response
+from polar_mitm.providers import CODECS
+from polar_mitm.replies import error_response, json_response
 from polar_mitm.streaming import StreamTranslator
 
 log = logging.getLogger(__name__)

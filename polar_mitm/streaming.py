@@ -8,7 +8,7 @@ from polar_mitm.call import Call, feed_ids, finish_events
 from polar_mitm.capture import CaptureError
 from polar_mitm.conversation import Completion, ProviderError
 from polar_mitm.engine import EngineError, SSEDecoder, apply_chunk
-from polar_mitm.replies import CODECS
+from polar_mitm.providers import CODECS
 
 log = logging.getLogger(__name__)
 
