@@ -11,7 +11,7 @@ from polar_mitm.conversation import Completion, Conversation, Message, ReplyEven
 from polar_mitm.detok import Detokenizer
 from polar_mitm.engine import EngineOutput
 from polar_mitm.prompt import CallTokens, Prompt
-from polar_mitm.reply import ReplyParser
+from polar_mitm.reply import ReplyParser, finish_reason
 from polar_mitm.routes import Route
 from polar_mitm.sessions import Session
 from polar_traj.records import CallRecord
@@ -51,11 +51,11 @@ def finish_events(call: Call) -> list[ReplyEvent]:
 def completion_of(call: Call, stop_ids: frozenset[int]) -> Completion:
     reply = call.parser.result()
     out = call.output
+    # The budget ran out exactly on the end-of-turn token: the turn is complete, not cut short.
     cut_short = out.finish_reason == "length" and not (out.output_ids and out.output_ids[-1] in stop_ids)
-    finish = "length" if cut_short else "tool_calls" if reply.tool_calls else "stop"
     return Completion(
         id=call.call_id, model=call.conv.model, content=reply.content, reasoning=reply.reasoning,
-        tool_calls=reply.tool_calls, finish_reason=finish,
+        tool_calls=reply.tool_calls, finish_reason=finish_reason("length" if cut_short else "stop", reply),
         prompt_tokens=len(call.prompt.ids) if call.prompt else 0, completion_tokens=len(out.output_ids),
     )
 
