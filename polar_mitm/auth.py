@@ -7,8 +7,7 @@ from mitmproxy import connection, ctx, http
 from mitmproxy.exceptions import OptionsError
 
 from polar_mitm.guard import is_base_url_mode
-from polar_mitm.replies import error_response, family_api
-from polar_mitm.routes import family_of
+from polar_mitm.replies import error_response
 from polar_mitm.sessions import (
     Credentials, OpenSessions, Session, SessionStore, api_key_credentials, parse_sessions_spec, proxy_credentials, session_hint,
 )
@@ -60,9 +59,9 @@ class SessionAuth:
         for name in SECRET_HEADERS:
             flow.request.headers.pop(name, None)
         if session is None:
-            family = family_of(flow.request.pretty_host.lower(), headers, flow.request.path)
             status = 401 if is_base_url_mode(flow) else 407
-            flow.response = error_response(family_api(family), status, "polar: unknown session credentials")
+            api = flow.metadata["polar_route"].api  # Guard matched the route: answer in its provider's shape
+            flow.response = error_response(api, status, "polar: unknown session credentials")
             return
         flow.metadata["polar_session"] = session
 
