@@ -11,8 +11,11 @@ from dataclasses import dataclass
 from typing import Protocol
 from urllib.parse import parse_qs, urlsplit
 
+from polar_traj.records import check_id
+
 OPEN_TASK_ID = "local"
 REDIS_PREFIX = "polar:session:"
+ENDED_CHANNEL = "polar:session-ended"  # unregister_session publishes {task_id, session_id} here
 # Headers harnesses send that name their own session (DESIGN.md §7); used in open mode only.
 SESSION_HINT_HEADERS = ("x-claude-code-session-id", "session-id", "session_id", "x-session-id")
 
@@ -86,13 +89,23 @@ class RedisSessions:
 
 
 def register_session(redis_url: str, task_id: str, session_id: str, ttl_s: int = 24 * 3600) -> str:
-    """Register a rollout session for the proxy; returns its secret token."""
+    """Register a rollout session for the proxy; returns its secret token. Both ids must pass `check_id`."""
     import redis
 
+    value = json.dumps({"task_id": check_id(task_id, "task_id"), "session_id": check_id(session_id, "session_id")})
     token = "polar-" + secrets.token_urlsafe(24)
-    value = json.dumps({"task_id": task_id, "session_id": _safe_id(session_id)})
     redis.Redis.from_url(redis_url).set(REDIS_PREFIX + token, value, ex=ttl_s)
     return token
+
+
+def unregister_session(redis_url: str, token: str) -> None:
+    """End a session: its token stops working on the next request and the proxy frees its history."""
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    raw = client.getdel(REDIS_PREFIX + token)
+    if raw is not None:
+        client.publish(ENDED_CHANNEL, raw)
 
 
 def proxy_credentials(header: str | None) -> Credentials | None:

@@ -3,11 +3,22 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Iterator
 
 APIS = ("openai_chat", "openai_responses", "anthropic", "gemini")
+# task and session ids become folder and file names: one safe shape, checked wherever an id enters.
+ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def check_id(value: str, field: str = "id") -> str:
+    """`value` if it is a safe task/session id (letters, digits, `._-`, no leading dot, at most 128), else ValueError."""
+    if not isinstance(value, str) or not ID_PATTERN.fullmatch(value):
+        raise ValueError(f"{field} {value!r} is not a valid id: use 1-128 of A-Z a-z 0-9 . _ - "
+                         "(not starting with . _ or -)")
+    return value
 
 
 @dataclass(frozen=True)
@@ -42,7 +53,15 @@ class CallRecord:
             )
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), separators=(",", ":"), ensure_ascii=False)
+        """One JSON line. Text that is not valid Unicode (a lone surrogate from a broken tool output, sent as
+        a JSON escape) is kept as a `\\udXXX` escape: the line stays valid UTF-8 and `json.loads` returns
+        the same strings."""
+        line = json.dumps(asdict(self), separators=(",", ":"), ensure_ascii=False)
+        try:
+            line.encode("utf-8")
+        except UnicodeEncodeError:
+            line = json.dumps(asdict(self), separators=(",", ":"), ensure_ascii=True)
+        return line
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "CallRecord":
@@ -59,7 +78,12 @@ class CallRecord:
 
 
 def record_path(capture_dir: str | os.PathLike, task_id: str, session_id: str) -> Path:
-    return Path(capture_dir) / task_id / f"{session_id}.jsonl"
+    """`<capture_dir>/<task_id>/<session_id>.jsonl`; refuses ids that could name a path outside capture_dir."""
+    root = Path(capture_dir)
+    path = root / check_id(task_id, "task_id") / f"{check_id(session_id, 'session_id')}.jsonl"
+    if not path.resolve().is_relative_to(root.resolve()):
+        raise ValueError(f"{path} is outside the capture folder {root}")
+    return path
 
 
 def append_record(capture_dir: str | os.PathLike, record: CallRecord) -> Path:
