@@ -1,0 +1,138 @@
+"""Submit batches of tasks to the rollout workers (`celery -A workers worker`) and read back one trajectory table.
+
+    client = PolarClient("redis://127.0.0.1:6379/1")
+    batch = client.submit("fixtures/tasks/demo.yaml", group_size=4, min_groups=None, out="runs/batches")
+    batch.wait(timeout=600); df = batch.trajectories()      # rewards, advantages, weights per row
+    client.pause(); <update the engine's weights>; client.resume()   # the weight-sync fence
+
+The batch folder (`out/<batch_id>`, on storage every node sees) holds the manifest, the samples and
+`trajectories/`, one Parquet part per finished group.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from workers import batches, steps
+from workers.manifest import Manifest, new_batch_id, plan, read_manifest, write_manifest
+from workers.settings import DEFAULT_BROKER, sessions_url
+
+
+class PolarClient:
+    def __init__(self, broker: str = DEFAULT_BROKER, sessions: str | None = None) -> None:
+        from celery import Celery
+
+        self.broker = broker
+        self.sessions = sessions or sessions_url(broker)
+        self.redis = batches.connect(broker)
+        self.app = Celery("polar-client", broker=broker, set_as_current=False)
+        self.app.conf.update(task_serializer="json", accept_content=["json"], task_ignore_result=True)
+
+    def submit(self, tasks: str | Path, group_size: int = 4, min_groups: int | None = None,
+               adapter: str | None = None, out: str | Path = "runs/batches", max_staleness: int | None = None,
+               batch_id: str | None = None) -> "Batch":
+        """Queue `group_size` samples of every task in the tasks file (YAML or JSONL, polar.tasks)."""
+        from polar.adapters import load_adapter
+        from polar.tasks import load_tasks
+
+        tasks_file = Path(tasks).resolve()
+        specs = load_tasks(tasks_file)
+        for name in {adapter} if adapter else {t.adapter for t in specs}:
+            if not name:
+                raise ValueError(f"{tasks_file}: a task names no adapter; give one with adapter=/--adapter")
+            load_adapter(name)
+        bid = batch_id or new_batch_id()
+        manifest = plan(bid, Path(out).resolve() / bid, tasks_file, [t.task_id for t in specs], group_size,
+                        adapter, min_groups, max_staleness)
+        path = str(write_manifest(manifest))
+        batches.create(self.redis, bid, path, [s.sample_id for s in manifest.samples], group_size,
+                       len(manifest.groups), min_groups)
+        for s in manifest.samples:
+            steps.submit_sample(self._enqueue, self.redis, manifest, path, s.sample_id)
+        return Batch(self, manifest)
+
+    def batch(self, batch_id: str) -> "Batch":
+        return Batch(self, read_manifest(batches.info(self.redis, batch_id)["manifest"]))
+
+    def _enqueue(self, name: str, args: list, queue: str, task_id: str, countdown: float = 0) -> None:
+        self.app.send_task(name, args=args, queue=queue, task_id=task_id, countdown=countdown or None)
+
+    def revoke(self, task_id: str, terminate: bool = False) -> None:
+        self.app.control.revoke(task_id, terminate=terminate, signal="SIGTERM")
+
+    def pause(self, timeout_s: float = 120.0) -> None:
+        """Every node's proxy holds new LLM calls; returns once in-flight calls have drained."""
+        from polar_mitm.fence import pause
+
+        pause(self.sessions, timeout_s=timeout_s)
+
+    def resume(self) -> None:
+        from polar_mitm.fence import resume
+
+        resume(self.sessions)
+
+    def is_paused(self) -> bool:
+        from polar_mitm.fence import is_paused
+
+        return is_paused(self.sessions)
+
+
+class Batch:
+    def __init__(self, client: PolarClient, manifest: Manifest) -> None:
+        self.client, self.manifest = client, manifest
+
+    @property
+    def batch_id(self) -> str:
+        return self.manifest.batch_id
+
+    @property
+    def dir(self) -> Path:
+        return self.manifest.batch_dir
+
+    def progress(self) -> batches.Progress:
+        return batches.progress(self.client.redis, self.batch_id)
+
+    def settled(self, p: batches.Progress) -> bool:
+        """Finished, and no sample is still cleaning up."""
+        return p.finished and p.running == 0
+
+    def wait(self, timeout: float | None = None, poll_s: float = 0.5) -> batches.Progress:
+        """Block until the batch is completed or cancelled and every sample has settled; TimeoutError after
+        `timeout` seconds."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            p = self.progress()
+            if self.settled(p):
+                return p
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"batch {self.batch_id} not finished after {timeout}s: {p.line()}")
+            time.sleep(poll_s)
+
+    def cancel(self) -> bool:
+        """Queued samples never start; running ones stop and their sandboxes go. False if already finished."""
+        return steps.stop_batch(self.client.redis, self.client.revoke, self.batch_id)
+
+    def samples(self) -> dict[str, dict[str, Any]]:
+        return batches.samples(self.client.redis, self.batch_id)
+
+    def results(self) -> list[dict[str, Any]]:
+        """The SampleResults of the samples that finished (done or masked)."""
+        found = []
+        for s in self.manifest.samples:
+            path = self.dir / "samples" / s.sample_id / "result.json"
+            if path.exists():
+                found.append(json.loads(path.read_text()))
+        return found
+
+    def trajectories(self):
+        """The finished groups' trajectories, with rewards, advantages and weights, as a pandas DataFrame."""
+        from polar_traj import read
+
+        folder = self.dir / "trajectories"
+        if not folder.is_dir():
+            from polar_traj.schema import TRAJECTORY_SCHEMA
+
+            return TRAJECTORY_SCHEMA.empty_table().to_pandas()
+        return read(folder).to_pandas()

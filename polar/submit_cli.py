@@ -1,0 +1,148 @@
+"""`polar submit | status | cancel | policy`: batches on the rollout workers (`celery -A workers worker`)."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from workers.settings import DEFAULT_BROKER
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("submit", help="submit a batch of tasks to the rollout workers", description=__doc__)
+    p.add_argument("tasks", type=Path, help="tasks file (YAML or JSONL)")
+    p.add_argument("--group-size", type=int, default=4, help="samples per task (a GRPO group)")
+    p.add_argument("--min-groups", type=int, help="finish once this many groups are complete; cancel the rest")
+    p.add_argument("--adapter", help="harness adapter for every task (default: each task's own)")
+    p.add_argument("--out", type=Path, default=Path(os.environ.get("POLAR_OUTPUT_ROOT", "runs/batches")),
+                   help="output root on storage every node sees (the batch gets OUT/<batch_id>)")
+    p.add_argument("--max-staleness", type=int, help="mark trajectories whose calls span more weight versions")
+    p.add_argument("--wait", action="store_true", help="show progress until the batch finishes, then a summary")
+    p.add_argument("--timeout", type=float, help="with --wait: give up after this many seconds")
+    _broker(p)
+    p.set_defaults(func=submit)
+    s = sub.add_parser("status", help="progress of a batch")
+    s.add_argument("batch", help="batch id")
+    s.add_argument("--json", action="store_true", help="machine-readable")
+    _broker(s)
+    s.set_defaults(func=status)
+    c = sub.add_parser("cancel", help="cancel a batch: queued samples never start, running ones stop")
+    c.add_argument("batch", help="batch id")
+    _broker(c)
+    c.set_defaults(func=cancel)
+    f = sub.add_parser("policy", help="weight-sync fence: hold (pause) or release (resume) every node's LLM calls")
+    f.add_argument("action", choices=["pause", "resume", "status"])
+    f.add_argument("--timeout", type=float, default=120.0, help="pause: seconds to wait for in-flight calls")
+    _broker(f)
+    f.set_defaults(func=policy)
+
+
+def _broker(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--broker", default=os.environ.get("POLAR_BROKER", DEFAULT_BROKER), help="Celery broker (Redis)")
+    p.add_argument("--sessions", default=os.environ.get("POLAR_SESSIONS"),
+                   help="sessions/fence Redis (default: the broker's server, db 0)")
+
+
+def _client(args: argparse.Namespace):
+    from polar.client import PolarClient
+
+    return PolarClient(args.broker, args.sessions)
+
+
+def submit(args: argparse.Namespace) -> int:
+    try:
+        client = _client(args)
+        batch = client.submit(args.tasks, args.group_size, args.min_groups, args.adapter, args.out,
+                              args.max_staleness)
+    except (ValueError, OSError, KeyError) as e:
+        print(f"polar submit: {e}", file=sys.stderr)
+        return 2
+    print(f"batch {batch.batch_id}: {len(batch.manifest.samples)} samples in {len(batch.manifest.groups)} groups, "
+          f"folder {batch.dir}")
+    if not args.wait:
+        return 0
+    try:
+        p = follow(batch, args.timeout)
+    except TimeoutError as e:
+        print(f"polar submit: {e}", file=sys.stderr)
+        return 124
+    print(summary(batch, p))
+    return 0 if p.status == "completed" else 1
+
+
+def follow(batch, timeout: float | None):
+    """A live progress bar until the batch settles."""
+    from tqdm import tqdm
+
+    deadline = None if timeout is None else time.monotonic() + timeout
+    with tqdm(total=len(batch.manifest.samples), unit="sample", dynamic_ncols=True) as bar:
+        while True:
+            p = batch.progress()
+            bar.n = p.done + p.masked + p.cancelled
+            bar.set_postfix_str(f"running {p.running} failed {p.masked} reward "
+                                f"{'-' if p.reward_mean is None else f'{p.reward_mean:.3f}'}")
+            bar.refresh()
+            if batch.settled(p):
+                return p
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"batch {batch.batch_id} not finished after {timeout}s: {p.line()}")
+            time.sleep(0.5)
+
+
+def summary(batch, p) -> str:
+    lines = [f"batch {batch.batch_id}: {p.line()}"]
+    if p.nodes:
+        lines.append("  samples per node: " + ", ".join(f"{n} {c}" for n, c in sorted(p.nodes.items())))
+    df = batch.trajectories()
+    lines.append(f"  trajectories: {len(df)} rows in {batch.dir / 'trajectories'}")
+    for res in batch.results():
+        if res.get("status") == "error" or res.get("failure") == "infrastructure":
+            lines.append(f"  masked {res['sample_id']}: {res.get('failure')}: {res.get('reason')}")
+    return "\n".join(lines)
+
+
+def status(args: argparse.Namespace) -> int:
+    try:
+        batch = _client(args).batch(args.batch)
+    except (KeyError, ValueError, OSError) as e:
+        print(f"polar status: {e}", file=sys.stderr)
+        return 2
+    p = batch.progress()
+    if args.json:
+        print(json.dumps({"batch_id": batch.batch_id, "dir": str(batch.dir), **p.to_dict()}))
+    else:
+        print(summary(batch, p))
+    return 0
+
+
+def cancel(args: argparse.Namespace) -> int:
+    try:
+        batch = _client(args).batch(args.batch)
+    except (KeyError, ValueError, OSError) as e:
+        print(f"polar cancel: {e}", file=sys.stderr)
+        return 2
+    if not batch.cancel():
+        print(f"polar cancel: batch {batch.batch_id} had already finished ({batch.progress().status})")
+        return 1
+    print(f"batch {batch.batch_id}: cancelled; running samples are stopping")
+    return 0
+
+
+def policy(args: argparse.Namespace) -> int:
+    client = _client(args)
+    try:
+        if args.action == "pause":
+            client.pause(args.timeout)
+            print("policy: paused (proxies hold new LLM calls; in-flight calls drained)")
+        elif args.action == "resume":
+            client.resume()
+            print("policy: resumed")
+        else:
+            print("policy: paused" if client.is_paused() else "policy: running")
+    except (TimeoutError, ValueError, OSError, ImportError) as e:
+        print(f"polar policy {args.action}: {e}", file=sys.stderr)
+        return 2
+    return 0

@@ -1,0 +1,159 @@
+"""Batch bookkeeping in Redis (the broker's server): plain functions on a redis client, used by the Celery tasks,
+the client and the CLI alike.
+
+Keys, all under `polar:batch:<batch_id>`:
+  (hash)           batch.json's path, status (running|completed|cancelled), group_size, groups, min_groups
+  :samples (hash)  sample_id -> JSON {stage, node, attempt, task, status, failure, reward, reason}
+  :final:<group>   (set) sample ids of the group that reached a final state (done or masked)
+  :groups (set)    groups whose advantages are written
+A sample's `task` is the Celery task id of its current stage, so a cancel can revoke it.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import redis
+
+PREFIX = "polar:batch:"
+STAGES = ("queued", "prepare", "run", "evaluate", "postrun", "retry")
+FINAL = ("done", "masked", "cancelled")
+RUNNING, COMPLETED, CANCELLED = "running", "completed", "cancelled"
+TTL_S = 14 * 24 * 3600
+
+
+def connect(url: str) -> redis.Redis:
+    """A redis client for a broker URL (redis://, rediss://, or kombu's redis+socket:// / socket://)."""
+    for scheme in ("redis+socket://", "socket://"):
+        if url.startswith(scheme):
+            path, _, query = url[len(scheme):].partition("?")
+            db = dict(p.split("=", 1) for p in query.split("&") if "=" in p).get("virtual_host", "0")
+            return redis.Redis(unix_socket_path=path, db=int(db))
+    return redis.Redis.from_url(url)
+
+
+def key(batch_id: str, *parts: str) -> str:
+    return ":".join((PREFIX + batch_id, *parts))
+
+
+@dataclass(frozen=True)
+class Progress:
+    total: int
+    queued: int
+    running: int
+    done: int
+    masked: int
+    cancelled: int
+    groups_done: int
+    groups: int
+    reward_mean: float | None
+    status: str
+    nodes: dict[str, int]
+
+    @property
+    def finished(self) -> bool:
+        return self.status in (COMPLETED, CANCELLED)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def line(self) -> str:
+        mean = "-" if self.reward_mean is None else f"{self.reward_mean:.3f}"
+        return (f"{self.done + self.masked}/{self.total} done ({self.masked} masked), {self.running} running, "
+                f"{self.queued} queued, {self.cancelled} cancelled; groups {self.groups_done}/{self.groups}; "
+                f"reward mean {mean}; {self.status}")
+
+
+def create(r: redis.Redis, batch_id: str, manifest_path: str, samples: list[str], group_size: int, groups: int,
+           min_groups: int | None) -> None:
+    if r.exists(key(batch_id)):
+        raise ValueError(f"batch {batch_id} already exists")
+    pipe = r.pipeline()
+    pipe.hset(key(batch_id), mapping={"manifest": manifest_path, "status": RUNNING, "group_size": group_size,
+                                      "groups": groups, "min_groups": min_groups or 0, "created": time.time()})
+    pipe.hset(key(batch_id, "samples"), mapping={s: json.dumps({"stage": "queued"}) for s in samples})
+    for k in (key(batch_id), key(batch_id, "samples")):
+        pipe.expire(k, TTL_S)
+    pipe.execute()
+
+
+def info(r: redis.Redis, batch_id: str) -> dict[str, str]:
+    raw = r.hgetall(key(batch_id))
+    if not raw:
+        raise KeyError(f"no batch {batch_id!r} in {r.connection_pool.connection_kwargs.get('path') or 'redis'}")
+    return {k.decode(): v.decode() for k, v in raw.items()}
+
+
+def status(r: redis.Redis, batch_id: str) -> str:
+    value = r.hget(key(batch_id), "status")
+    return value.decode() if value else CANCELLED
+
+
+def set_status(r: redis.Redis, batch_id: str, new: str) -> bool:
+    """Move a running batch to `new`; False when it had already finished (first writer wins)."""
+    script = ("if redis.call('hget', KEYS[1], 'status') == 'running' then "
+              "redis.call('hset', KEYS[1], 'status', ARGV[1]) return 1 end return 0")
+    return bool(r.eval(script, 1, key(batch_id), new))
+
+
+def sample_state(r: redis.Redis, batch_id: str, sample_id: str) -> dict[str, Any]:
+    raw = r.hget(key(batch_id, "samples"), sample_id)
+    return json.loads(raw) if raw else {}
+
+
+def update_sample(r: redis.Redis, batch_id: str, sample_id: str, **fields: Any) -> dict[str, Any]:
+    """Merge fields into a sample's state (one writer at a time per sample: its current stage)."""
+    state = {**sample_state(r, batch_id, sample_id), **fields}
+    r.hset(key(batch_id, "samples"), sample_id, json.dumps(state))
+    return state
+
+
+def samples(r: redis.Redis, batch_id: str) -> dict[str, dict[str, Any]]:
+    return {k.decode(): json.loads(v) for k, v in r.hgetall(key(batch_id, "samples")).items()}
+
+
+def mark_final(r: redis.Redis, batch_id: str, group_id: str, sample_id: str) -> int:
+    """Record a sample of the group as final; returns how many of the group are."""
+    k = key(batch_id, "final", group_id)
+    pipe = r.pipeline()
+    pipe.sadd(k, sample_id)
+    pipe.scard(k)
+    pipe.expire(k, TTL_S)
+    return int(pipe.execute()[1])
+
+
+def mark_group_done(r: redis.Redis, batch_id: str, group_id: str) -> int:
+    """Record a group's advantages as written; returns how many groups are done."""
+    k = key(batch_id, "groups")
+    pipe = r.pipeline()
+    pipe.sadd(k, group_id)
+    pipe.scard(k)
+    pipe.expire(k, TTL_S)
+    return int(pipe.execute()[1])
+
+
+def groups_done(r: redis.Redis, batch_id: str) -> set[str]:
+    return {g.decode() for g in r.smembers(key(batch_id, "groups"))}
+
+
+def progress(r: redis.Redis, batch_id: str) -> Progress:
+    meta = info(r, batch_id)
+    states = samples(r, batch_id).values()
+    count = {s: 0 for s in (*FINAL, "queued")}
+    nodes: dict[str, int] = {}
+    rewards = []
+    for st in states:
+        stage = st.get("stage", "queued")
+        if stage in count:
+            count[stage] += 1
+        if st.get("node"):
+            nodes[st["node"]] = nodes.get(st["node"], 0) + 1
+        if stage == "done" and st.get("reward") is not None:
+            rewards.append(float(st["reward"]))
+    total = len(states)
+    running = total - sum(count.values())
+    return Progress(total, count["queued"], running, count["done"], count["masked"], count["cancelled"],
+                    r.scard(key(batch_id, "groups")), int(meta["groups"]),
+                    sum(rewards) / len(rewards) if rewards else None, meta["status"], nodes)

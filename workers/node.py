@@ -1,0 +1,64 @@
+"""This node's proxy: one per node (history substitution is per proxy process), started when the worker starts
+with sessions and the fence in Redis, or a running `polar proxy` named by POLAR_PROXY. Pool processes fork
+from the worker's main process after it started, so they inherit the handle."""
+from __future__ import annotations
+
+import contextlib
+import logging
+from pathlib import Path
+
+from polar.services import ProxyHandle, start_proxy
+from workers.settings import WorkerSettings
+
+log = logging.getLogger(__name__)
+
+_stack = contextlib.ExitStack()
+_proxy: ProxyHandle | None = None
+
+
+def node_dir(settings: WorkerSettings) -> Path:
+    return settings.output_root / "nodes" / settings.node
+
+
+def reused_proxy(spec: str, sessions: str) -> ProxyHandle:
+    """POLAR_PROXY=http://HOST:PORT,http://HOST:PORT,CAPTURE_DIR[,CA]: a proxy started with --sessions `sessions`."""
+    from urllib.parse import urlsplit
+
+    fields = spec.split(",")
+    if len(fields) not in (3, 4):
+        raise ValueError(f"POLAR_PROXY {spec!r}: expected PROXY_URL,BASE_URL_URL,CAPTURE_DIR[,CA_FILE]")
+    p1, p2 = urlsplit(fields[0]), urlsplit(fields[1])
+    if not (p1.hostname and p1.port and p2.port):
+        raise ValueError(f"POLAR_PROXY {spec!r}: the listeners must read http://HOST:PORT")
+    ca = Path(fields[3]) if len(fields) == 4 else Path("~/.polar/mitmproxy/mitmproxy-ca-cert.pem").expanduser()
+    if not ca.is_file():
+        raise ValueError(f"POLAR_PROXY: CA file {ca} not found")
+    return ProxyHandle(p1.hostname, p1.port, p2.port, ca, Path(fields[2]), sessions)
+
+
+def start(settings: WorkerSettings) -> ProxyHandle:
+    """Start (or adopt) the node's proxy; idempotent within a process."""
+    global _proxy
+    if _proxy is None:
+        if settings.proxy:
+            _proxy = reused_proxy(settings.proxy, settings.sessions)
+        else:
+            base = node_dir(settings)
+            _proxy = _stack.enter_context(start_proxy(
+                settings.model_dir, settings.engine_url, base / "captures", settings.confdir, base / "proxy.log",
+                sessions=settings.sessions, engine=settings.engine))
+        log.info("polar node %s: proxy %s:%s / %s, captures in %s", settings.node, _proxy.host, _proxy.proxy_port,
+                 _proxy.base_url_port, _proxy.capture_dir)
+    return _proxy
+
+
+def current() -> ProxyHandle:
+    if _proxy is None:
+        raise RuntimeError("this worker's proxy is not running (workers.node.start runs at worker start)")
+    return _proxy
+
+
+def stop() -> None:
+    global _proxy
+    _stack.close()
+    _proxy = None

@@ -1,0 +1,162 @@
+"""One sample's stages as plain functions over its folders, calling polar.sample's stages (the same code path as
+`polar run --task`). The Celery tasks in workers/stage_tasks.py are thin wrappers around these.
+
+Attempts: each prepare makes a fresh `samples/<sample_id>/attempt-<k>/` and abandons every earlier attempt that
+did not finish. A run stage that finds its own start mark was redelivered (its worker died under it): that
+attempt is abandoned and the sample starts over under the same sample id. Abandoning keeps what was recorded:
+the session's capture file moves into the attempt folder (`abandoned-captures/`), ABANDONED.json says why, and
+the session is unregistered; no part is ever built from an abandoned attempt.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+from polar.services import ProxyHandle
+from workers.manifest import Manifest, sample_dir, write_json
+from workers.settings import WorkerSettings
+
+ABANDONED = "ABANDONED.json"
+RUN_MARK = "worker-run.json"
+
+
+class Cancelled(BaseException):
+    """SIGTERM from a revoke while the harness runs (a BaseException, so it passes every `except Exception`)."""
+
+
+@dataclass(frozen=True)
+class NodeContext:
+    settings: WorkerSettings
+    proxy: ProxyHandle
+
+
+def attempts(sdir: Path) -> list[Path]:
+    found = [p for p in sdir.glob("attempt-*") if p.name[8:].isdigit()]
+    return sorted(found, key=lambda p: int(p.name[8:]))
+
+
+def live_attempt(sdir: Path) -> Path | None:
+    """The latest attempt, unless it was abandoned."""
+    found = attempts(sdir)
+    return found[-1] if found and not (found[-1] / ABANDONED).exists() else None
+
+
+def infra_failures(sdir: Path) -> int:
+    return sum(1 for a in attempts(sdir) if (a / ABANDONED).exists()
+               and json.loads((a / ABANDONED).read_text()).get("kind") == "infrastructure")
+
+
+def engine_config(settings: WorkerSettings):
+    from polar.runner import EngineConfig
+
+    return EngineConfig(settings.model_dir, backend=settings.engine_url, engine=settings.engine)
+
+
+def sample_config(manifest: Manifest, sample_id: str, settings: WorkerSettings, out: Path):
+    from polar.adapters import load_adapter
+    from polar.sample import SampleConfig
+    from polar.tasks import load_tasks
+
+    entry = manifest.sample(sample_id)
+    tasks = {t.task_id: t for t in load_tasks(manifest.tasks_file)}
+    if entry.task_id not in tasks:
+        raise ValueError(f"{manifest.tasks_file}: task {entry.task_id!r} is gone")
+    task = tasks[entry.task_id]
+    adapter = manifest.adapter or task.adapter
+    if not adapter:
+        raise ValueError(f"task {task.task_id}: no adapter (give one in the task or with --adapter)")
+    return SampleConfig(task=task, adapter=load_adapter(adapter), out=out, sample_id=sample_id,
+                        group_id=entry.group_id, runtime=settings.runtime, way_in=settings.way_in)
+
+
+def prepare(manifest: Manifest, sample_id: str, ctx: NodeContext) -> Path:
+    """A fresh attempt, prepared (sandbox, workspace, session); returns its folder."""
+    from polar.sample import prepare_sample
+
+    sdir = sample_dir(manifest, sample_id)
+    for old in attempts(sdir):
+        if not (old / ABANDONED).exists():
+            abandon(old, ctx.proxy, "superseded by a new attempt (its worker was lost)", "worker_lost")
+    out = sdir / f"attempt-{len(attempts(sdir)) + 1}"
+    cfg = sample_config(manifest, sample_id, ctx.settings, out)
+    return prepare_sample(cfg, engine_config(ctx.settings), ctx.proxy)
+
+
+def run(attempt: Path, node: str) -> bool:
+    """The harness; False when this run was already started once (a redelivery: start the sample over)."""
+    from polar.sample import run_harness
+
+    mark = attempt / RUN_MARK
+    if mark.exists():
+        return False
+    write_json(mark, {"node": node, "pid": os.getpid(), "started_at": time.time()})
+    with cancellable():
+        run_harness(attempt)
+    return True
+
+
+def postrun(attempt: Path):
+    """Evaluator, then the sample's Parquet part; returns its SampleResult."""
+    from polar.sample import evaluate_sample, postrun_sample
+
+    evaluate_sample(attempt)
+    return postrun_sample(attempt)
+
+
+def stop(attempt: Path) -> None:
+    """End an attempt that will not finish (cancel, early stop): postrun frees its session and sandbox."""
+    from polar.sample import postrun_sample
+
+    if (attempt / "sample.json").exists():
+        postrun_sample(attempt)
+
+
+@contextmanager
+def cancellable() -> Iterator[None]:
+    """SIGTERM (Celery's revoke with terminate) raises Cancelled here, so the sandbox is stopped on the way out."""
+    def on_term(signum: int, frame: Any) -> None:
+        raise Cancelled()
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def abandon(attempt: Path, proxy: ProxyHandle, reason: str, kind: str) -> None:
+    """Mark an attempt abandoned: its session ends, its capture moves into the attempt folder, never trained on."""
+    session = _session_of(attempt)
+    moved = []
+    if session:
+        src = proxy.capture_dir / session["task_id"] / f"{session['session_id']}.jsonl"
+        if src.exists():
+            dst = attempt / "abandoned-captures" / session["task_id"] / src.name
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(src, dst)
+            moved.append(str(dst))
+        if session.get("token") and proxy.sessions != "open":
+            from polar_mitm.sessions import unregister_session
+
+            unregister_session(proxy.sessions, session["token"])
+    write_json(attempt / ABANDONED, {"reason": reason, "kind": kind, "at": time.time(), "captures": moved})
+
+
+def _session_of(attempt: Path) -> dict[str, str] | None:
+    """The attempt's session (task_id, session_id, token) from polar.sample's sample.json."""
+    path = attempt / "sample.json"
+    if not path.exists():
+        return None
+    data = json.loads(path.read_text())
+    session = data.get("session") if isinstance(data.get("session"), dict) else data
+    if not session.get("session_id"):
+        return None
+    return {"task_id": session.get("task_id") or data.get("task_id") or "local",
+            "session_id": session["session_id"], "token": session.get("token") or ""}

@@ -1,0 +1,88 @@
+"""Worker configuration from the environment, with local defaults (one frozen value; nothing else reads os.environ).
+
+  POLAR_BROKER        Celery broker + batch bookkeeping   redis://127.0.0.1:6379/1
+  POLAR_SESSIONS      sessions + weight-sync fence        the broker's Redis, db 0
+  POLAR_ENGINE_URL    inference engine (SGLang/vLLM/polar serve)   http://127.0.0.1:30000
+  POLAR_ENGINE        its token API: sglang | vllm        sglang
+  POLAR_MODEL_DIR     tokenizer + chat template           fixtures/tiny-qwen2
+  POLAR_RUNTIME       sandbox runtime                      auto
+  POLAR_OUTPUT_ROOT   batch folders (shared storage)       runs/batches
+  POLAR_NODE          this node's name (its queues)        the host name
+  POLAR_PROXY         reuse a running `polar proxy`: http://HOST:PORT,http://HOST:PORT,CAPTURE_DIR[,CA]
+  POLAR_WAY_IN        https_proxy | base_url               https_proxy
+  POLAR_INFRA_RETRIES samples retried after an infrastructure failure   2
+  POLAR_CONFDIR       the node proxy's CA folder           ~/.polar/mitmproxy
+"""
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+from urllib.parse import urlsplit, urlunsplit
+
+from polar_traj.records import check_id
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_BROKER = "redis://127.0.0.1:6379/1"
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    broker: str
+    sessions: str
+    engine_url: str
+    engine: str
+    model_dir: Path
+    runtime: str
+    output_root: Path
+    node: str
+    proxy: str | None
+    way_in: str
+    infra_retries: int
+    confdir: Path
+
+
+def sessions_url(broker: str) -> str:
+    """The sessions/fence Redis beside a broker URL: same server, db 0 (`redis://h:p/1` -> `redis://h:p/0`,
+    `redis+socket:///s.sock?virtual_host=1` -> `unix:///s.sock?db=0`)."""
+    parts = urlsplit(broker)
+    if parts.scheme in ("redis", "rediss"):
+        return urlunsplit((parts.scheme, parts.netloc, "/0", "", ""))
+    if parts.scheme in ("redis+socket", "unix", "socket"):
+        return f"unix://{parts.path}?db=0"
+    raise ValueError(f"POLAR_BROKER {broker!r}: expected redis://HOST:PORT/DB or redis+socket:///PATH")
+
+
+def node_name(raw: str) -> str:
+    """A node name usable in queue names: the id rule (contract 1)."""
+    return check_id(raw, "POLAR_NODE")
+
+
+def load_settings(env: Mapping[str, str] | None = None) -> WorkerSettings:
+    env = os.environ if env is None else env
+    broker = env.get("POLAR_BROKER", DEFAULT_BROKER)
+    engine = env.get("POLAR_ENGINE", "sglang")
+    if engine not in ("sglang", "vllm"):
+        raise ValueError(f"POLAR_ENGINE {engine!r}: expected sglang or vllm")
+    way_in = env.get("POLAR_WAY_IN", "https_proxy")
+    if way_in not in ("https_proxy", "base_url"):
+        raise ValueError(f"POLAR_WAY_IN {way_in!r}: expected https_proxy or base_url")
+    retries = env.get("POLAR_INFRA_RETRIES", "2")
+    if not retries.isdigit():
+        raise ValueError(f"POLAR_INFRA_RETRIES {retries!r}: expected a whole number")
+    return WorkerSettings(
+        broker=broker,
+        sessions=env.get("POLAR_SESSIONS") or sessions_url(broker),
+        engine_url=env.get("POLAR_ENGINE_URL", "http://127.0.0.1:30000"),
+        engine=engine,
+        model_dir=Path(env.get("POLAR_MODEL_DIR", str(ROOT / "fixtures" / "tiny-qwen2"))).resolve(),
+        runtime=env.get("POLAR_RUNTIME", "auto"),
+        output_root=Path(env.get("POLAR_OUTPUT_ROOT", "runs/batches")).resolve(),
+        node=node_name(env.get("POLAR_NODE") or socket.gethostname().split(".")[0]),
+        proxy=env.get("POLAR_PROXY") or None,
+        way_in=way_in,
+        infra_retries=int(retries),
+        confdir=Path(env.get("POLAR_CONFDIR", "~/.polar/mitmproxy")).expanduser().resolve(),
+    )

@@ -1,0 +1,42 @@
+"""A sample's stages as Celery tasks: thin wrappers taking the batch manifest's path and ids (workers/steps.py).
+
+Every stage is idempotent (a redelivered prepare or run starts a fresh attempt; postrun rewrites the same files
+whole), so all three ack late and are requeued when their worker process dies. Expected infrastructure errors
+(Redis or a service briefly unreachable) are retried twice with backoff.
+"""
+from __future__ import annotations
+
+import redis
+
+from polar.services import ServiceError
+from workers import batches, node, steps
+from workers.app import app, settings
+from workers.sample_flow import NodeContext
+
+STAGE = dict(bind=True, acks_late=True, reject_on_worker_lost=True,
+             autoretry_for=(ServiceError, redis.ConnectionError, redis.TimeoutError),
+             retry_backoff=2, retry_backoff_max=30, max_retries=2)
+
+
+def enqueue(name: str, args: list, queue: str, task_id: str, countdown: float = 0) -> None:
+    app.send_task(name, args=args, queue=queue, task_id=task_id, countdown=countdown or None)
+
+
+def _step(task, manifest_path: str, sample_id: str) -> steps.Step:
+    ctx = NodeContext(settings, node.current())
+    return steps.Step(manifest_path, sample_id, ctx, batches.connect(settings.broker), task.request.id, enqueue)
+
+
+@app.task(**STAGE)
+def prepare(self, manifest_path: str, sample_id: str) -> None:
+    steps.prepare(_step(self, manifest_path, sample_id))
+
+
+@app.task(**STAGE)
+def run(self, manifest_path: str, sample_id: str, attempt: str) -> None:
+    steps.run(_step(self, manifest_path, sample_id), attempt)
+
+
+@app.task(**STAGE)
+def postrun(self, manifest_path: str, sample_id: str, attempt: str) -> None:
+    steps.postrun(_step(self, manifest_path, sample_id), attempt)

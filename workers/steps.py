@@ -1,0 +1,149 @@
+"""What each stage does around the single-sample code: bookkeeping in Redis, cancel checks, the next stage's
+message, infrastructure retries, group completion and early stop. Plain functions: the Celery tasks pass in
+`enqueue` and `revoke`, tests can call them directly.
+
+Routing: prepare runs on any node (queue `prepare`); the node that prepared a sample holds its sandbox, so its
+run and postrun go to that node's own queues (`<node>.run`, `<node>.postrun`); a group's advantages are
+written by any node (queue `postrun`).
+"""
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import redis
+
+from workers import batches, sample_flow as flow
+from workers.groups import GroupConfig, write_group
+from workers.manifest import Manifest, read_manifest, result_path, sample_dir, write_json
+
+Enqueue = Callable[..., None]  # enqueue(task_name, args, queue=…, task_id=…, countdown=…)
+Revoke = Callable[..., None]  # revoke(task_id, terminate=bool)
+
+PREPARE, RUN, POSTRUN, GROUP = ("workers.stage_tasks.prepare", "workers.stage_tasks.run",
+                                "workers.stage_tasks.postrun", "workers.group_tasks.finish_group")
+
+
+@dataclass(frozen=True)
+class Step:
+    manifest_path: str
+    sample_id: str
+    ctx: flow.NodeContext
+    r: redis.Redis
+    task_id: str
+    enqueue: Enqueue
+
+    @property
+    def manifest(self) -> Manifest:
+        return read_manifest(self.manifest_path)
+
+    @property
+    def batch_id(self) -> str:
+        return self.manifest.batch_id
+
+    def update(self, **fields: Any) -> None:
+        batches.update_sample(self.r, self.batch_id, self.sample_id, **fields)
+
+    def active(self) -> bool:
+        return batches.status(self.r, self.batch_id) == batches.RUNNING
+
+    def next(self, name: str, queue: str, *args: Any, countdown: float = 0, stage: str) -> None:
+        task_id = str(uuid.uuid4())
+        self.update(stage=stage, task=task_id)
+        self.enqueue(name, [self.manifest_path, self.sample_id, *args], queue=queue, task_id=task_id,
+                     countdown=countdown)
+
+
+def submit_sample(enqueue: Enqueue, r: redis.Redis, manifest: Manifest, manifest_path: str, sample_id: str) -> None:
+    task_id = str(uuid.uuid4())
+    batches.update_sample(r, manifest.batch_id, sample_id, stage="queued", task=task_id)
+    enqueue(PREPARE, [manifest_path, sample_id], queue="prepare", task_id=task_id, countdown=0)
+
+
+def prepare(step: Step) -> None:
+    if not step.active():
+        return step.update(stage="cancelled")
+    step.update(stage="prepare", node=step.ctx.settings.node, task=step.task_id)
+    attempt = flow.prepare(step.manifest, step.sample_id, step.ctx)
+    if not step.active():
+        flow.stop(attempt)
+        return step.update(stage="cancelled")
+    step.update(attempt=attempt.name)
+    step.next(RUN, f"{step.ctx.settings.node}.run", attempt.name, stage="run")
+
+
+def run(step: Step, attempt_name: str) -> None:
+    attempt = sample_dir(step.manifest, step.sample_id) / attempt_name
+    if not step.active():
+        flow.stop(attempt)
+        return step.update(stage="cancelled")
+    step.update(stage="run", task=step.task_id)
+    try:
+        started = flow.run(attempt, step.ctx.settings.node)
+    except flow.Cancelled:
+        flow.stop(attempt)
+        return step.update(stage="cancelled")
+    if not started:  # redelivered: the first run's worker died under it
+        flow.abandon(attempt, step.ctx.proxy, "worker lost while the harness ran; the sample starts over",
+                     "worker_lost")
+        step.update(redelivered=batches.sample_state(step.r, step.batch_id, step.sample_id).get("redelivered", 0) + 1)
+        return step.next(PREPARE, "prepare", stage="queued")
+    step.next(POSTRUN, f"{step.ctx.settings.node}.postrun", attempt_name, stage="postrun")
+
+
+def postrun(step: Step, attempt_name: str) -> None:
+    manifest = step.manifest
+    sdir = sample_dir(manifest, step.sample_id)
+    attempt = sdir / attempt_name
+    if not step.active():
+        flow.stop(attempt)
+        return step.update(stage="cancelled")
+    step.update(stage="postrun", task=step.task_id)
+    result = flow.postrun(attempt)
+    failures = flow.infra_failures(sdir)
+    if result.failure == "infrastructure" and failures < step.ctx.settings.infra_retries:
+        flow.abandon(attempt, step.ctx.proxy, f"infrastructure: {result.reason}", "infrastructure")
+        step.update(retries=failures + 1, reason=result.reason)
+        return step.next(PREPARE, "prepare", countdown=2.0 ** failures, stage="retry")
+    data = result.to_dict()
+    data["attempts"] = len(flow.attempts(sdir))
+    write_json(result_path(manifest, step.sample_id), data)
+    masked = result.status == "error" or result.failure == "infrastructure"
+    step.update(stage="masked" if masked else "done", status=result.status, failure=result.failure,
+                reward=result.reward, reason=result.reason, attempts=data["attempts"])
+    group_id = manifest.sample(step.sample_id).group_id
+    if batches.mark_final(step.r, manifest.batch_id, group_id, step.sample_id) >= len(manifest.group(group_id)):
+        step.enqueue(GROUP, [step.manifest_path, group_id], queue="postrun", task_id=str(uuid.uuid4()), countdown=0)
+
+
+def finish_group(manifest_path: str, group_id: str, r: redis.Redis, revoke: Revoke) -> None:
+    """Write the group's advantages; complete the batch when every group (or `min_groups`) is in."""
+    import json
+
+    manifest = read_manifest(manifest_path)
+    if batches.status(r, manifest.batch_id) == batches.CANCELLED:
+        return
+    results = [json.loads(result_path(manifest, s.sample_id).read_text()) for s in manifest.group(group_id)]
+    write_group(manifest.batch_dir, group_id, results, GroupConfig(max_staleness=manifest.max_staleness))
+    done = batches.mark_group_done(r, manifest.batch_id, group_id)
+    if done >= len(manifest.groups):
+        batches.set_status(r, manifest.batch_id, batches.COMPLETED)
+    elif manifest.min_groups and done >= manifest.min_groups:
+        stop_batch(r, revoke, manifest.batch_id, batches.COMPLETED)
+
+
+def stop_batch(r: redis.Redis, revoke: Revoke, batch_id: str, final: str = batches.CANCELLED) -> bool:
+    """Cancel (or early-stop) a batch: queued samples never start, running harnesses get SIGTERM and stop their
+    sandboxes, stages in between see the status and clean up. False when the batch had already finished."""
+    if not batches.set_status(r, batch_id, final):
+        return False
+    for sample_id, state in batches.samples(r, batch_id).items():
+        stage, task = state.get("stage", "queued"), state.get("task")
+        if stage in ("queued", "retry"):
+            batches.update_sample(r, batch_id, sample_id, stage="cancelled")
+            if task:
+                revoke(task, terminate=False)
+        elif stage == "run" and task:
+            revoke(task, terminate=True)
+    return True
