@@ -29,8 +29,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--context-length", type=int, default=65536,
                    help="context of the reference server started here (harness prompts are long; 0 = model's)")
     p.add_argument("--workdir", type=Path, help="directory copied into the fresh workspace")
-    p.add_argument("--runtime", default="local", choices=RUNTIMES,
-                   help="local: loopback-only namespaces (unshare); bwrap: bubblewrap, read-only root, no network")
+    p.add_argument("--runtime", default="auto", choices=RUNTIMES,
+                   help="auto (default): the most isolated installed (bwrap: bubblewrap, a minimal read-only view "
+                        "of the host, no network); local: loopback-only namespaces on the host filesystem, which "
+                        "the harness can write (opt-in, with a warning)")
     p.add_argument("--out", type=Path, help="run folder (default: runs/<adapter>-<time>)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds before the harness is stopped")
     p.add_argument("--confdir", type=Path, default=Path("~/.polar/mitmproxy"), help="CA dir of a proxy started here")
@@ -69,7 +71,7 @@ def reused_proxy(args: argparse.Namespace) -> ProxyHandle | None:
 
 def run(args: argparse.Namespace) -> int:
     from polar.runner import EngineConfig, RunConfig, run_session
-    from polar.runtime import SandboxError
+    from polar.runtime import SandboxError, resolve_runtime
     from polar.services import ServiceError
 
     try:
@@ -89,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
     except (ServiceError, SandboxError, ValueError, OSError) as e:
         print(f"polar run: {e}", file=sys.stderr)
         return 2
-    print(f"polar run: {spec.name} via {args.via} ({args.runtime}): exit {result.exit_code}"
+    print(f"polar run: {spec.name} via {args.via} ({resolve_runtime(args.runtime)}): exit {result.exit_code}"
           f"{' (timed out)' if result.timed_out else ''}, status {result.status}, "
           f"harness {result.timings.get('harness_s', 0):.1f}s, total {result.timings.get('total_s', 0):.1f}s")
     for line in result.summary.lines():

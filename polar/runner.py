@@ -51,7 +51,7 @@ class RunConfig:
     instruction: str
     out: Path
     way_in: str = "https_proxy"
-    runtime: str = "local"
+    runtime: str = "auto"  # the most isolated runtime installed; "local" only when asked (polar/runtime.py)
     timeout_s: float = 600.0
     model: str | None = None  # model name the harness asks for; default: the adapter's
     workdir: Path | None = None  # copied into the workspace first

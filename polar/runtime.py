@@ -1,14 +1,21 @@
-"""Runtimes: where a harness runs. A small protocol (prepare, exec, copy in/out, stop) with two implementations
-that both give the harness a network namespace holding only loopback (DESIGN.md §6):
+"""Runtimes: where a harness runs. A small protocol (prepare, exec, copy in/out, stop). Every runtime gives the
+harness a network namespace holding only loopback (DESIGN.md §6) and a pid namespace, bounds its memory and
+processes (polar/limits.py; wall time is exec's timeout) and reaps whatever it leaves behind.
 
-  local  `unshare` (net + pid namespaces) on the host filesystem; `ip link set lo up` inside.
-  bwrap  bubblewrap: `--unshare-net --unshare-pid`, read-only root, writable HOME and workspace only.
+  auto   the default: the most isolated runtime installed (apptainer for a task that names an image, else bwrap)
+  bwrap  bubblewrap in its own user namespace: a minimal read-only view of the host (system directories, a few
+         /etc files, node and the harness CLIs), the session's HOME, workspace and socket directory writable,
+         private /tmp, /proc and /dev; no other host path (not the checkout, not the host user's home, not other
+         runs' folders)
+  local  explicit opt-in: `unshare` (net + pid namespaces) on the host filesystem, which the harness can read
+         and write; it says so in one warning line
 
-Either way the proxy is reached through unix sockets bind-visible in the sandbox and the in-sandbox TCP
-forwarder of polar/bridge.py, which listens on the same port numbers as the proxy on the host.
+Either way the proxy is reached through unix sockets visible in the sandbox and the in-sandbox TCP forwarder of
+polar/bridge.py, which listens on the same port numbers as the proxy on the host.
 """
 from __future__ import annotations
 
+import importlib
 import os
 import shutil
 import signal
@@ -20,10 +27,18 @@ from pathlib import Path
 from typing import Mapping, Protocol, Sequence
 
 from polar import bridge
+from polar.limits import DEFAULT_LIMITS, Limits, make_cgroup, rlimit_wrap
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
-RUNTIMES = ("local", "bwrap")
+# name -> "module:Class" (constructed with no argument, or limits=…); a runtime registers with one line here.
+REGISTRY: dict[str, str] = {
+    "local": "polar.runtime:LocalRuntime",
+    "bwrap": "polar.runtime:BwrapRuntime",
+}
+RUNTIMES = ("auto", *REGISTRY)
+LOCAL_WARNING = ("polar: runtime local: the harness runs on the host filesystem and can read and write the "
+                 "host's files (the default runtime, auto, isolates it)")
 
 
 class SandboxError(RuntimeError):
@@ -44,6 +59,7 @@ class ExecResult:
     exit_code: int
     timed_out: bool
     wall_s: float
+    reaped: int = 0  # processes still alive in the sandbox's cgroup when its first process ended, killed then
 
 
 class Sandbox(Protocol):
@@ -60,10 +76,11 @@ class Runtime(Protocol):
     def prepare(self, mounts: Mounts) -> Sandbox: ...
 
 
-def bridged(argv: Sequence[str], forwards: Sequence[tuple[int, Path]]) -> list[str]:
+def bridged(argv: Sequence[str], forwards: Sequence[tuple[int, Path]], python: str = sys.executable,
+            script: str = bridge.__file__) -> list[str]:
     """argv run behind the in-sandbox forwarder (stdlib only, so any python3 with the file visible works)."""
     fwd = [a for port, path in forwards for a in ("--forward", f"{port}={path}")]
-    return [sys.executable, "-I", bridge.__file__, *fwd, "--", *argv]
+    return [python, "-I", script, *fwd, "--", *argv]
 
 
 def _copy(src: Path, dst: Path) -> None:
@@ -75,22 +92,30 @@ def _copy(src: Path, dst: Path) -> None:
 
 
 def run_group(cmd: Sequence[str], env: Mapping[str, str], cwd: Path, timeout_s: float,
-              stdout: Path, stderr: Path) -> ExecResult:
-    """Run in its own process group; on timeout TERM then KILL the whole group."""
+              stdout: Path, stderr: Path, limits: Limits | None = DEFAULT_LIMITS) -> ExecResult:
+    """Run in its own process group (and cgroup, with `limits`); on timeout TERM then KILL the whole group;
+    when it ends, kill whatever is left in its cgroup."""
     start = time.monotonic()
-    with open(stdout, "wb") as out, open(stderr, "wb") as err:
-        proc = subprocess.Popen(list(cmd), env=dict(env), cwd=cwd, stdin=subprocess.DEVNULL,
-                                stdout=out, stderr=err, start_new_session=True)
-        timed_out = False
-        try:
-            code = proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            code = _kill_group(proc)
-        except BaseException:
-            _kill_group(proc)
-            raise
-    return ExecResult(code, timed_out, round(time.monotonic() - start, 3))
+    cgroup = make_cgroup(limits) if limits is not None else None
+    cmd = cgroup.wrap(list(cmd)) if cgroup else rlimit_wrap(list(cmd), limits) if limits else list(cmd)
+    try:
+        with open(stdout, "wb") as out, open(stderr, "wb") as err:
+            proc = subprocess.Popen(cmd, env=dict(env), cwd=cwd, stdin=subprocess.DEVNULL,
+                                    stdout=out, stderr=err, start_new_session=True)
+            timed_out = False
+            try:
+                code = proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                code = _kill_group(proc)
+            except BaseException:
+                _kill_group(proc)
+                raise
+    finally:
+        reaped = cgroup.kill_all() if cgroup else 0
+        if cgroup:
+            cgroup.remove()
+    return ExecResult(code, timed_out, round(time.monotonic() - start, 3), reaped)
 
 
 def _kill_group(proc: subprocess.Popen) -> int:
@@ -109,8 +134,8 @@ def _kill_group(proc: subprocess.Popen) -> int:
 class _HostSandbox:
     """Both runtimes here share the host filesystem: copying in and out is a plain copy."""
 
-    def __init__(self, mounts: Mounts) -> None:
-        self.mounts = mounts
+    def __init__(self, mounts: Mounts, limits: Limits) -> None:
+        self.mounts, self.limits = mounts, limits
 
     def copy_in(self, src: Path, dst: Path) -> None:
         _copy(src, dst)
@@ -119,12 +144,12 @@ class _HostSandbox:
         _copy(src, dst)
 
     def stop(self) -> None:
-        """Nothing outlives exec: the pid namespace dies with its first process."""
+        """Nothing outlives exec: the pid namespace dies with its first process, the cgroup is emptied."""
 
 
 class LocalSandbox(_HostSandbox):
-    def __init__(self, mounts: Mounts, ip: str) -> None:
-        super().__init__(mounts)
+    def __init__(self, mounts: Mounts, ip: str, limits: Limits) -> None:
+        super().__init__(mounts, limits)
         self.ip = ip
 
     def exec(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path, timeout_s: float,
@@ -134,11 +159,14 @@ class LocalSandbox(_HostSandbox):
         if os.geteuid() != 0:
             ns.insert(1, "--map-root-user")
         inner = ["sh", "-c", '"$0" link set lo up && exec "$@"', self.ip, *bridged(argv, forwards)]
-        return run_group(ns + inner, env, cwd, timeout_s, stdout, stderr)
+        return run_group(ns + inner, env, cwd, timeout_s, stdout, stderr, self.limits)
 
 
 class LocalRuntime:
     name = "local"
+
+    def __init__(self, limits: Limits = DEFAULT_LIMITS) -> None:
+        self.limits = limits
 
     def prepare(self, mounts: Mounts) -> Sandbox:
         if not shutil.which("unshare"):
@@ -146,51 +174,112 @@ class LocalRuntime:
         ip = shutil.which("ip", path=os.environ.get("PATH", "") + ":/usr/sbin:/sbin")
         if not ip:
             raise SandboxError("local runtime: `ip` (iproute2) not found")
-        return LocalSandbox(mounts, ip)
+        print(LOCAL_WARNING, file=sys.stderr, flush=True)
+        return LocalSandbox(mounts, ip, self.limits)
+
+
+# The host's system, read-only; symlinks (a merged /usr: /bin -> usr/bin) are recreated as the host has them.
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+# The /etc a harness needs: name resolution, users, TLS roots, alternatives, the dynamic loader, the time zone.
+ETC_FILES = ("resolv.conf", "hosts", "passwd", "group", "nsswitch.conf", "host.conf", "gai.conf", "ssl/certs",
+             "ssl/openssl.cnf", "ca-certificates.conf", "alternatives", "ld.so.cache", "ld.so.conf",
+             "ld.so.conf.d", "localtime")
+TOOLS = PROJECT_ROOT / ".tools"  # the harness CLIs (.tools/npm) and their own environments, read-only
+BRIDGE_IN_SANDBOX = "/.polar/bridge.py"
+SYSTEM_PYTHON = Path("/usr/bin/python3")  # runs the stdlib-only forwarder; a bound interpreter otherwise
+
+
+def _visible(path: Path, roots: Sequence[str]) -> bool:
+    return any(path.is_relative_to(r) for r in roots)
+
+
+def system_view() -> list[str]:
+    """bwrap arguments for the read-only system part of the view."""
+    args: list[str] = []
+    for d in SYSTEM_DIRS:
+        p = Path(d)
+        if p.is_symlink():
+            args += ["--symlink", os.readlink(p), d]
+        elif p.is_dir():
+            args += ["--ro-bind", d, d]
+    args += ["--dir", "/etc"]
+    for name in ETC_FILES:
+        if (p := Path("/etc", name)).exists():
+            args += ["--ro-bind", str(p), str(p)]
+    return args
+
+
+def tool_binds() -> tuple[list[str], str]:
+    """Read-only binds for node, the harness CLIs and the forwarder's interpreter; and that interpreter."""
+    seen = ["/usr"]
+    args: list[str] = []
+
+    def bind(d: Path) -> None:
+        if d.is_dir() and not _visible(d, seen):
+            args.extend(["--ro-bind", str(d), str(d)])
+            seen.append(str(d))
+
+    node = shutil.which("node")
+    if node:
+        bind(Path(node).resolve().parents[1])  # node's prefix (nothing to add for /usr/bin/node)
+    bind(TOOLS)
+    python = SYSTEM_PYTHON if SYSTEM_PYTHON.exists() else Path(sys.executable).resolve()
+    if python != SYSTEM_PYTHON:
+        bind(Path(sys.base_prefix).resolve())
+    return args, str(python)
 
 
 class BwrapSandbox(_HostSandbox):
-    def __init__(self, mounts: Mounts, bwrap: str) -> None:
-        super().__init__(mounts)
+    def __init__(self, mounts: Mounts, bwrap: str, limits: Limits) -> None:
+        super().__init__(mounts, limits)
         self.bwrap = bwrap
+        self.tools, self.python = tool_binds()
 
     def command(self, cwd: Path) -> list[str]:
-        cmd = [self.bwrap, "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
-               "--die-with-parent", "--new-session", "--ro-bind", "/", "/", "--dev", "/dev",
-               "--proc", "/proc", "--tmpfs", "/tmp"]
-        for d in _under_tmp(PROJECT_ROOT, Path(sys.prefix)):
-            cmd += ["--ro-bind", str(d), str(d)]  # a checkout or venv under /tmp stays visible past the tmpfs
+        cmd = [self.bwrap, "--unshare-user", "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
+               "--unshare-cgroup-try", "--cap-drop", "ALL", "--die-with-parent", "--new-session",
+               *system_view(), "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", *self.tools,
+               "--ro-bind", bridge.__file__, BRIDGE_IN_SANDBOX]
         for d in (self.mounts.home, self.mounts.workspace, self.mounts.shared):
             cmd += ["--bind", str(d), str(d)]
-        return cmd + ["--chdir", str(cwd)]
+        return cmd + ["--remount-ro", "/", "--chdir", str(cwd)]
 
     def exec(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path, timeout_s: float,
              stdout: Path, stderr: Path, forwards: Sequence[tuple[int, Path]] = ()) -> ExecResult:
-        return run_group(self.command(cwd) + ["--", *bridged(argv, forwards)], env, cwd, timeout_s, stdout, stderr)
-
-
-def _under_tmp(*paths: Path) -> list[Path]:
-    found = []
-    for p in paths:
-        p = p.resolve()
-        if p.is_relative_to("/tmp") and p != Path("/tmp") and not any(p.is_relative_to(f) for f in found):
-            found.append(p)
-    return found
+        inner = bridged(argv, forwards, self.python, BRIDGE_IN_SANDBOX)
+        return run_group(self.command(cwd) + ["--", *inner], env, cwd, timeout_s, stdout, stderr, self.limits)
 
 
 class BwrapRuntime:
     name = "bwrap"
 
+    def __init__(self, limits: Limits = DEFAULT_LIMITS) -> None:
+        self.limits = limits
+
     def prepare(self, mounts: Mounts) -> Sandbox:
         bwrap = shutil.which("bwrap")
         if not bwrap:
             raise SandboxError("bwrap runtime: `bwrap` (bubblewrap) not found")
-        return BwrapSandbox(mounts, bwrap)
+        return BwrapSandbox(mounts, bwrap, self.limits)
 
 
-def get_runtime(name: str) -> Runtime:
-    if name == "local":
-        return LocalRuntime()
-    if name == "bwrap":
-        return BwrapRuntime()
-    raise ValueError(f"unknown runtime {name!r}; expected one of {RUNTIMES}")
+def resolve_runtime(name: str, image: str | None = None) -> str:
+    """The runtime a name stands for: `auto` is apptainer for a task that names an image (when registered and
+    installed), else bwrap; `local` is never chosen for you."""
+    if name != "auto":
+        if name not in REGISTRY:
+            raise ValueError(f"unknown runtime {name!r}; expected one of {RUNTIMES}")
+        return name
+    if image and image != "host" and "apptainer" in REGISTRY and shutil.which("apptainer"):
+        return "apptainer"
+    if shutil.which("bwrap"):
+        return "bwrap"
+    raise SandboxError("runtime auto: no isolated runtime is installed (bubblewrap, apptainer: `make setup` "
+                       "installs them); pass --runtime local to run on the host filesystem instead")
+
+
+def get_runtime(name: str, image: str | None = None, limits: Limits | None = None) -> Runtime:
+    """The runtime called `name` ("auto" resolved for a task with this image), with these limits."""
+    module, _, cls = REGISTRY[resolve_runtime(name, image)].partition(":")
+    factory = getattr(importlib.import_module(module), cls)
+    return factory() if limits is None else factory(limits=limits)

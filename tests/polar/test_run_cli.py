@@ -37,7 +37,7 @@ def polar_run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 
 def test_run_is_registered():
     args = build_parser().parse_args(["run", "--adapter", "pi", "--instruction", "x"])
-    assert (args.via, args.runtime, args.timeout, args.backend) == ("https_proxy", "local", 600.0, None)
+    assert (args.via, args.runtime, args.timeout, args.backend) == ("https_proxy", "auto", 600.0, None)
 
 
 @pytest.mark.parametrize("argv, message", [
