@@ -4,7 +4,7 @@ from __future__ import annotations
 import redis
 
 from workers import batches, steps
-from workers.app import app, settings
+from workers.celery_app import app, settings
 
 
 def revoke(task_id: str, terminate: bool = False) -> None:

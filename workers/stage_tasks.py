@@ -10,7 +10,7 @@ import redis
 
 from polar.services import ServiceError
 from workers import batches, node, steps
-from workers.app import app, settings
+from workers.celery_app import app, settings
 from workers.sample_flow import NodeContext
 
 STAGE = dict(bind=True, acks_late=True, reject_on_worker_lost=True,
