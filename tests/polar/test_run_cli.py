@@ -93,7 +93,7 @@ def test_crashed_harness_keeps_its_calls(tmp_path, start_reference_server, polic
     adapter.write_text(yaml.safe_dump({
         "name": "crasher", "api": "openai_chat", "model": "m",
         "provider": {"url": "https://api.openai.com/v1", "base_path": "/v1"}, "ways_in": {"base_url": {}},
-        "command": [sys.executable, "-c", CRASHER, "{{ instruction }}"],
+        "command": ["python3", "-c", CRASHER, "{{ instruction }}"],  # the sandbox's system python
         "env": {"BASE": "{{ base_url }}", "KEY": "{{ api_key }}"},
     }))
     out = tmp_path / ("long-" * 16) / "run"  # too long a path for the unix sockets: a short temporary dir serves
