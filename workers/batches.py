@@ -104,7 +104,10 @@ def sample_state(r: redis.Redis, batch_id: str, sample_id: str) -> dict[str, Any
 
 
 def update_sample(r: redis.Redis, batch_id: str, sample_id: str, **fields: Any) -> dict[str, Any]:
-    """Merge fields into a sample's state (one writer at a time per sample: its current stage)."""
+    """Merge fields into a sample's state (one writer at a time per sample: its current stage); a new stage
+    also records when it was entered (`t_<stage>`, unix seconds)."""
+    if "stage" in fields:
+        fields[f"t_{fields['stage']}"] = time.time()
     state = {**sample_state(r, batch_id, sample_id), **fields}
     r.hset(key(batch_id, "samples"), sample_id, json.dumps(state))
     return state

@@ -22,7 +22,9 @@ def queue(name: str) -> Queue:
 
 app = Celery("workers", broker=settings.broker, include=["workers.stage_tasks", "workers.group_tasks"])
 app.conf.update(
-    task_queues=[queue(name) for name in ("prepare", "postrun", f"{settings.node}.run", f"{settings.node}.postrun")],
+    # Finishing a sample beats starting one: queues are polled in this order (priority strategy below), so a node
+    # does not prepare sandboxes faster than it runs them.
+    task_queues=[queue(name) for name in (f"{settings.node}.postrun", f"{settings.node}.run", "postrun", "prepare")],
     task_default_queue="prepare",
     task_ignore_result=True,
     task_serializer="json",
@@ -30,7 +32,7 @@ app.conf.update(
     worker_prefetch_multiplier=1,
     broker_connection_retry_on_startup=True,
     # An unacked message goes back to its queue after this long; longer than any sample may run.
-    broker_transport_options={"visibility_timeout": 6 * 3600},
+    broker_transport_options={"visibility_timeout": 6 * 3600, "queue_order_strategy": "priority"},
     worker_send_task_events=True,
     task_send_sent_event=True,
 )
