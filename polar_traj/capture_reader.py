@@ -1,0 +1,186 @@
+"""Reading capture files of either format (docs/captures.md) into full CallRecords, each line's ids parsed
+once: a linear (format 2) line stores only its new ids; in a format-1 line the prompt's JSON text usually
+starts with the text of a recent line's prompt, and then only the rest of the array is parsed."""
+from __future__ import annotations
+
+import json
+import os
+from collections import deque
+from dataclasses import fields
+from typing import Any, Iterator
+
+import orjson
+
+from .captures import CAPTURE_VERSION, loads_line
+from .records import CallRecord
+
+_FIELDS = tuple(f.name for f in fields(CallRecord))
+_REQUIRED = frozenset(_FIELDS) - {"error", "flags"}
+_PROMPT_KEY = b'"prompt_ids":'
+_LINEAR = b'{"capture_version"'
+RECENT_TEXTS = 4  # format-1 prompt texts a decoder compares a new line's prompt text against
+
+Payload = tuple[dict[str, Any], dict[str, Any] | None]
+
+
+class CaptureDecoder:
+    """Turns the lines of one capture file, in order, into full CallRecords (both formats). Keeps each
+    record (its ids) and, for linear lines, the rebuilt request and response."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = path
+        self.records: dict[str, CallRecord] = {}
+        self.payloads: dict[str, Payload] = {}
+        self._texts: deque[tuple[bytes, tuple[int, ...]]] = deque(maxlen=RECENT_TEXTS)  # (text less "]", ids)
+
+    def lines(self) -> Iterator[tuple[int, int, dict[str, Any], list[int] | None]]:
+        """(byte offset, line number, parsed object, prompt ids parsed from this line) per non-blank line.
+        A torn last line (the writer died mid-line: it lacks its newline) is skipped."""
+        offset = 0
+        with open(self.path, "rb", buffering=1 << 20) as f:
+            for lineno, line in enumerate(f, 1):
+                start, offset = offset, offset + len(line)
+                if line.isspace():
+                    continue
+                try:
+                    data, stored = self.parse(line)
+                except json.JSONDecodeError as e:
+                    if not line.endswith(b"\n"):
+                        return
+                    raise ValueError(f"{self.path}:{lineno}: not a JSON record ({e})") from e
+                if not isinstance(data, dict):
+                    raise ValueError(f"{self.path}:{lineno}: a record must be a JSON object")
+                yield start, lineno, data, stored
+
+    def parse(self, line: bytes) -> tuple[dict[str, Any], list[int] | None]:
+        """The parsed line and the prompt ids parsed from it (format 1: past a recent prompt's text)."""
+        key = -1 if line.startswith(_LINEAR) else line.find(_PROMPT_KEY)
+        open_ = line.find(b"[", key, key + 20) if key >= 0 else -1
+        close = line.find(b"]", open_) if open_ >= 0 else -1
+        data = loads_line(line[:open_] + b"null" + line[close + 1:]) if close >= 0 else None
+        if (not isinstance(data, dict) or "prompt_ids" not in data or data["prompt_ids"] is not None
+                or line.find(_PROMPT_KEY, close) >= 0):
+            data = loads_line(line)  # no array, or "prompt_ids" is not only the record's own: parse it all
+            return data, data.get("prompt_ids") if isinstance(data, dict) else None
+        text = line[open_:close + 1]
+        ids, stored = self._prompt_text(text)
+        data["prompt_ids"] = ids
+        return data, stored
+
+    def _prompt_text(self, text: bytes) -> tuple[tuple[int, ...] | list[Any], list[Any]]:
+        for old, old_ids in self._texts:
+            head = len(old)
+            if len(text) > head and text.startswith(old) and text[head] in b",]":
+                stored = orjson.loads(b"[" + text[head + 1:]) if text[head] == 44 else []
+                break
+        else:
+            old_ids, stored = (), orjson.loads(text)
+        if type(stored) is not list or not _only(stored, int):
+            return stored if not old_ids else list(old_ids) + stored, stored
+        ids = old_ids + tuple(stored)
+        self._texts.appendleft((text[:-1], ids))
+        return ids, stored
+
+    def decode(self, data: dict[str, Any], payload: bool = True, stored: Any = None) -> CallRecord:
+        """The record of one parsed line. payload=False: its request/response are left empty in the record
+        (format 2 keeps them in `payloads`, format 1 drops them). `stored`: the prompt ids the line held."""
+        version = data.get("capture_version", 1)
+        if version not in (1, CAPTURE_VERSION):
+            raise ValueError(f"capture_version {version!r}: this reader knows 1 and {CAPTURE_VERSION}")
+        call_id = data.get("call_id", "?")
+        if version == CAPTURE_VERSION:
+            if data.get("prompt_prefix") is not None:
+                data["prompt_ids"] = self._prompt(call_id, data["prompt_prefix"], data.get("prompt_ids"))
+            if data.get("request_base") is not None:
+                data["request"] = self._request(call_id, data["request_base"], data.get("request"))
+            self.payloads.setdefault(call_id, (data.get("request") or {}, data.get("response")))
+        if not payload:
+            data["request"], data["response"] = {}, None
+        record = record_from_dict(data, stored)
+        self.records.setdefault(record.call_id, record)  # a duplicate id never replaces the first
+        return record
+
+    def drop(self, record: CallRecord) -> None:
+        """Forget a record its reader refused, so later lines cannot build on it."""
+        if self.records.get(record.call_id) is record:
+            del self.records[record.call_id]
+            self.payloads.pop(record.call_id, None)
+        self._texts = deque(((t, ids) for t, ids in self._texts if ids is not record.prompt_ids), maxlen=RECENT_TEXTS)
+
+    def _ref(self, call_id: str, ref: Any, what: str) -> CallRecord:
+        target = self.records.get(ref.get("call_id")) if isinstance(ref, dict) else None
+        if target is None:
+            name = ref.get("call_id") if isinstance(ref, dict) else ref
+            raise ValueError(f"call {call_id}: {what} refers to call {name!r}, "
+                             f"which is not on an earlier line of {self.path}")
+        return target
+
+    def _prompt(self, call_id: str, prefix: Any, new_ids: Any) -> tuple[int, ...]:
+        ref = self._ref(call_id, prefix, "prompt_prefix")
+        n, head = prefix.get("length"), ref.prompt_ids
+        if type(n) is not int or not 0 <= n <= len(head) + len(ref.output_ids):
+            raise ValueError(f"call {call_id}: prompt_prefix length {n!r} is not within "
+                             f"call {ref.call_id}'s {len(head) + len(ref.output_ids)} ids")
+        if type(new_ids) is not list:
+            raise ValueError(f"call {call_id}: prompt_ids must be a list")
+        start = head[:n] if n <= len(head) else head + ref.output_ids[: n - len(head)]
+        return start + tuple(new_ids)
+
+    def _request(self, call_id: str, base: Any, stored: Any) -> dict[str, Any]:
+        ref = self._ref(call_id, base, "request_base")
+        old = self.payloads.get(ref.call_id, ({}, None))[0]
+        keys, same, extend = base.get("keys"), base.get("same") or [], base.get("extend") or {}
+        if type(keys) is not list or type(stored) is not dict:
+            raise ValueError(f"call {call_id}: request_base needs a list of keys and a request object")
+        out: dict[str, Any] = {}
+        for key in keys:
+            if key in same and key in old:
+                out[key] = old[key]
+            elif key in extend and type(old.get(key)) is list and type(stored.get(key)) is list:
+                out[key] = old[key][: extend[key]] + stored[key]
+            elif key in stored:
+                out[key] = stored[key]
+            else:
+                raise ValueError(f"call {call_id}: request key {key!r} is neither stored "
+                                 f"nor in call {ref.call_id}'s request")
+        return out
+
+
+def record_from_dict(data: dict[str, Any], stored: Any = None) -> CallRecord:
+    """CallRecord.from_dict with a fast path for the usual case (id lists of plain ints, logprobs of floats)
+    that converts no id one by one. `stored`: the prompt ids the line itself held, when the rest came
+    from an earlier line (only they need checking: the rest was checked on its own line)."""
+    prompt, output, logprobs = data.get("prompt_ids"), data.get("output_ids"), data.get("output_logprobs")
+    stored = prompt if stored is None else stored
+    if (_REQUIRED <= data.keys() and type(prompt) in (list, tuple) and type(output) is list
+            and type(stored) in (list, tuple) and _only(stored, int) and _only(output, int)
+            and (logprobs is None or type(logprobs) is list) and _only(logprobs or [], float)):
+        kwargs = {k: data[k] for k in _FIELDS if k in data}
+        kwargs.update(prompt_ids=tuple(prompt), output_ids=tuple(output), output_logprobs=tuple(logprobs or ()),
+                      flags=tuple(data.get("flags") or ()))
+        return CallRecord(**kwargs)
+    if type(prompt) is tuple:
+        data = {**data, "prompt_ids": list(prompt)}
+    return CallRecord.from_dict(data)
+
+
+def _only(values: list[Any] | tuple[Any, ...], kind: type) -> bool:
+    return not values or set(map(type, values)) == {kind}
+
+
+def read_capture(path: str | os.PathLike) -> Iterator[CallRecord]:
+    """Full CallRecords of one capture file (either format), prompt_ids and request rebuilt exactly."""
+    decoder = CaptureDecoder(path)
+    for _, lineno, data, stored in decoder.lines():
+        try:
+            record = decoder.decode(data, stored=stored)
+        except (ValueError, TypeError, KeyError) as e:
+            raise ValueError(f"{path}:{lineno}: {e}") from e
+        yield record
+
+
+def read_capture_dicts(path: str | os.PathLike) -> Iterator[dict[str, Any]]:
+    """The records of one capture file as format-1 JSON objects (lists, not tuples): for code that reads
+    capture lines as plain dicts."""
+    for record in read_capture(path):
+        yield json.loads(record.to_json())
