@@ -229,6 +229,12 @@ def tool_binds() -> tuple[list[str], str]:
     return args, str(python)
 
 
+def _parents(dirs: Sequence[Path]) -> list[str]:
+    """The directories holding the writable binds, shallowest first, except / and the private /tmp."""
+    found = {str(d.parent) for d in dirs} - {"/", "/tmp"}
+    return sorted(found, key=lambda d: (d.count("/"), d))
+
+
 class BwrapSandbox(_HostSandbox):
     def __init__(self, mounts: Mounts, bwrap: str, limits: Limits) -> None:
         super().__init__(mounts, limits)
@@ -236,13 +242,19 @@ class BwrapSandbox(_HostSandbox):
         self.tools, self.python = tool_binds()
 
     def command(self, cwd: Path) -> list[str]:
+        writable = (self.mounts.home, self.mounts.workspace, self.mounts.shared)
+        parents = _parents(writable)
         cmd = [self.bwrap, "--unshare-user", "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
                "--unshare-cgroup-try", "--cap-drop", "ALL", "--die-with-parent", "--new-session",
-               *system_view(), "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", *self.tools,
-               "--ro-bind", bridge.__file__, BRIDGE_IN_SANDBOX]
-        for d in (self.mounts.home, self.mounts.workspace, self.mounts.shared):
+               *system_view(), "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
+        for d in parents:
+            cmd += ["--tmpfs", d]  # HOME's parent (the run folder) holds only the binds here, read-only
+        cmd += [*self.tools, "--ro-bind", bridge.__file__, BRIDGE_IN_SANDBOX]
+        for d in writable:
             cmd += ["--bind", str(d), str(d)]
-        return cmd + ["--remount-ro", "/", "--chdir", str(cwd)]
+        for d in ("/", *parents):
+            cmd += ["--remount-ro", d]
+        return cmd + ["--chdir", str(cwd)]
 
     def exec(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path, timeout_s: float,
              stdout: Path, stderr: Path, forwards: Sequence[tuple[int, Path]] = ()) -> ExecResult:
