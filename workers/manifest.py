@@ -110,6 +110,7 @@ def read_manifest(path: str | os.PathLike) -> Manifest:
 
 def write_json(path: Path, data: Any) -> None:
     """Whole or not at all: a temp name in the same folder, renamed."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(data, indent=2))
     os.replace(tmp, path)

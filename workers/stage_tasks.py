@@ -6,14 +6,30 @@ whole), so all three ack late and are requeued when their worker process dies. E
 """
 from __future__ import annotations
 
+import logging
+
 import redis
+from celery import Task
 
 from polar.services import ServiceError
 from workers import batches, node, steps
 from workers.celery_app import app, settings
 from workers.sample_flow import NodeContext
 
-STAGE = dict(bind=True, acks_late=True, reject_on_worker_lost=True,
+log = logging.getLogger(__name__)
+
+
+class StageTask(Task):
+    """A stage that failed for good masks its sample (with the reason) instead of leaving it hanging."""
+
+    def on_failure(self, exc, task_id, args, kwargs, einfo) -> None:
+        try:
+            steps.fail(_step(self, args[0], args[1]), self.name.rsplit(".", 1)[-1], exc)
+        except Exception:  # noqa: BLE001 — the worker log is the last place to say it
+            log.exception("polar: could not record the failure of %s for sample %s", self.name, args[1:2])
+
+
+STAGE = dict(base=StageTask, bind=True, acks_late=True, reject_on_worker_lost=True,
              autoretry_for=(ServiceError, redis.ConnectionError, redis.TimeoutError),
              retry_backoff=2, retry_backoff_max=30, max_retries=2)
 

@@ -106,15 +106,32 @@ def postrun(step: Step, attempt_name: str) -> None:
         flow.abandon(attempt, step.ctx.proxy, f"infrastructure: {result.reason}", "infrastructure")
         step.update(retries=failures + 1, reason=result.reason)
         return step.next(PREPARE, "prepare", countdown=2.0 ** failures, stage="retry")
-    data = result.to_dict()
-    data["attempts"] = len(flow.attempts(sdir))
+    finalize(step, result.to_dict())
+
+
+def finalize(step: Step, data: dict[str, Any]) -> None:
+    """Store the sample's final result; the last of its group to finish queues the group's advantages."""
+    manifest = step.manifest
+    data["attempts"] = len(flow.attempts(sample_dir(manifest, step.sample_id)))
     write_json(result_path(manifest, step.sample_id), data)
-    masked = result.status == "error" or result.failure == "infrastructure"
-    step.update(stage="masked" if masked else "done", status=result.status, failure=result.failure,
-                reward=result.reward, reason=result.reason, attempts=data["attempts"])
+    masked = data.get("status") == "error" or data.get("failure") == "infrastructure"
+    step.update(stage="masked" if masked else "done", status=data.get("status"), failure=data.get("failure"),
+                reward=data.get("reward"), reason=data.get("reason"), attempts=data["attempts"])
     group_id = manifest.sample(step.sample_id).group_id
     if batches.mark_final(step.r, manifest.batch_id, group_id, step.sample_id) >= len(manifest.group(group_id)):
         step.enqueue(GROUP, [step.manifest_path, group_id], queue="postrun", task_id=str(uuid.uuid4()), countdown=0)
+
+
+def fail(step: Step, stage: str, error: BaseException) -> None:
+    """A stage that failed for good (an unexpected error, or retries spent): the sample is masked with the
+    reason, so its group still completes."""
+    if not step.active():
+        return step.update(stage="cancelled")
+    entry = step.manifest.sample(step.sample_id)
+    finalize(step, {"sample_id": step.sample_id, "task_id": entry.task_id, "group_id": entry.group_id,
+                    "status": "error", "failure": "infrastructure", "reward": None, "weight": 0.0,
+                    "reason": f"{stage} stage: {type(error).__name__}: {error}", "trajectories": None,
+                    "node": step.ctx.settings.node})
 
 
 def finish_group(manifest_path: str, group_id: str, r: redis.Redis, revoke: Revoke) -> None:
