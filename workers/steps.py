@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Callable
 
 import redis
@@ -34,7 +35,7 @@ class Step:
     task_id: str
     enqueue: Enqueue
 
-    @property
+    @cached_property
     def manifest(self) -> Manifest:
         return read_manifest(self.manifest_path)
 
