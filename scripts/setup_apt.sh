@@ -5,8 +5,10 @@ cd "$(dirname "$0")/.."
 source scripts/lib.sh
 
 # libseccomp2 + libsqlite3-0: the relocated apptainer links them from the host.
+# chromium (+ a font): the report tests open `polar report` pages headless.
 packages=(redis-server bubblewrap uidmap squashfs-tools squashfuse patchelf iproute2 util-linux
-          busybox-static ca-certificates libseccomp2 libsqlite3-0)
+          busybox-static ca-certificates libseccomp2 libsqlite3-0
+          chromium fonts-dejavu-core)
 
 installed() { [ "$(dpkg-query -W -f='${db:Status-Status}' "$1" 2>/dev/null)" = installed ]; }
 has_candidate() { local c; c=$(apt-cache policy "$1" 2>/dev/null | awk '/Candidate:/ {print $2}'); [ -n "$c" ] && [ "$c" != "(none)" ]; }
