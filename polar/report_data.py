@@ -106,7 +106,7 @@ def read_calls(capture_dirs: tuple[Path, ...]) -> pd.DataFrame:
     from polar_traj.reading import iter_sessions, scan
 
     rows = []
-    for d in capture_dirs:
+    for d in capture_dirs:  # folders <captures>/<task>/<session>.jsonl, or single .jsonl files
         for session in iter_sessions(scan(d), strict=False):
             for r in session.records:
                 rows.append({"call_id": r.call_id, "task_id": r.task_id, "session_id": r.session_id, "api": r.api,
@@ -115,6 +115,18 @@ def read_calls(capture_dirs: tuple[Path, ...]) -> pd.DataFrame:
                              "prefix_source": r.prefix_source, "error": r.error, "started_at": r.started_at,
                              "ended_at": r.ended_at, "policy_version": r.policy_version})
     return pd.DataFrame(rows, columns=CALL_COLUMNS)
+
+
+def _result_captures(layout: Layout) -> tuple[Path, ...]:
+    """Capture files a batch's results name (SampleResult.capture_files) outside its `captures` folders."""
+    inside = [d.resolve() for d in layout.capture_dirs]
+    found = []
+    for p in layout.result_files:
+        for f in _json(p).get("capture_files") or []:
+            path = Path(f)
+            if path.is_file() and path.suffix == ".jsonl" and not any(d in path.resolve().parents for d in inside):
+                found.append(path)
+    return tuple(dict.fromkeys(found))
 
 
 def _sample_rows(layout: Layout, traj: pd.DataFrame) -> pd.DataFrame:
@@ -130,10 +142,10 @@ def _sample_rows(layout: Layout, traj: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(rows)
     timings = dict((layout.info.get("timings") or {})) if layout.kind == "run" else {}
     rows = []
-    for session_id, part in traj.groupby("session_id", sort=True):
+    for sample_id, part in traj.groupby("sample_id", sort=True):
         first = part.iloc[0]
         outcome = first["meta"].get("outcome") or {}
-        rows.append({"sample_id": session_id, "task_id": first["task_id"], "group_id": first["group_id"],
+        rows.append({"sample_id": sample_id, "task_id": first["task_id"], "group_id": first["group_id"],
                      "harness": first["harness"], "status": first["status"], "failure": outcome.get("failure"),
                      "reason": outcome.get("reason"), "reward": first["reward"], "node": None, "timings": timings})
     return pd.DataFrame(rows, columns=["sample_id", "task_id", "group_id", "harness", "status", "failure",
@@ -141,15 +153,15 @@ def _sample_rows(layout: Layout, traj: pd.DataFrame) -> pd.DataFrame:
 
 
 def _join_samples(samples: pd.DataFrame, traj: pd.DataFrame, calls: pd.DataFrame) -> pd.DataFrame:
-    """Add each sample's trajectories, calls, tokens and first trajectory id (session_id == sample_id)."""
+    """Add each sample's trajectories, calls, tokens and first trajectory id (by traj/calls `sample_id`)."""
     if samples.empty:
         return samples.assign(trajectories=[], calls=[], trained_tokens=[], advantage=[], trajectory_id=[])
-    by_session = traj.groupby("session_id")
-    first_id = by_session["trajectory_id"].first() if len(traj) else pd.Series(dtype=object)
-    count = by_session.size() if len(traj) else pd.Series(dtype=int)
-    adv = by_session["advantage"].first() if len(traj) else pd.Series(dtype=float)
-    trained = by_session["sampled_tokens"].sum() if len(traj) else pd.Series(dtype=int)
-    ncalls = calls.groupby("session_id").size() if len(calls) else by_session["num_calls"].sum()
+    by_sample = traj.groupby("sample_id")
+    first_id = by_sample["trajectory_id"].first() if len(traj) else pd.Series(dtype=object)
+    count = by_sample.size() if len(traj) else pd.Series(dtype=int)
+    adv = by_sample["advantage"].first() if len(traj) else pd.Series(dtype=float)
+    trained = by_sample["sampled_tokens"].sum() if len(traj) else pd.Series(dtype=int)
+    ncalls = calls.groupby("sample_id").size() if len(calls) else by_sample["num_calls"].sum()
     ids = samples["sample_id"]
     return samples.assign(trajectories=ids.map(count).fillna(0).astype(int).to_numpy(),
                           calls=ids.map(ncalls).fillna(0).astype(int).to_numpy(),
@@ -188,15 +200,19 @@ def load(source: str | os.PathLike, tokenizer: str | os.PathLike | None = None) 
         raise ReportError(f"{layout.parquet}: {e}") from e
     traj = frame(table)
     traj["sampled_tokens"] = [int(m.get("sampled_tokens", 0)) for m in traj["meta"]]
+    # a sample's session id is its sample id unless the rows say otherwise (metadata.sample_id)
+    traj["sample_id"] = [m.get("sample_id") or sid for m, sid in zip(traj["meta"], traj["session_id"])]
     if layout.kind == "run" and len(traj):
         traj["harness"] = (layout.info.get("session") or {}).get("adapter", "unknown")
     traj["advantage"], advantage_source = batch_advantages(traj) if len(traj) else (traj["advantage"], "stored")
     tokens = {tid: {"prompt_ids": p, "response_ids": r, "loss_mask": m, "logprobs": lp}
               for tid, p, r, m, lp in zip(*(table.column(c).to_pylist() for c in
                                             ("trajectory_id", "prompt_ids", "response_ids", "loss_mask", "logprobs")))}
-    calls = read_calls(layout.capture_dirs)
+    calls = read_calls(layout.capture_dirs + _result_captures(layout))
+    sample_of = dict(zip(traj["session_id"], traj["sample_id"]))
+    calls["sample_id"] = [sample_of.get(sid, sid) for sid in calls["session_id"]]
     samples = _join_samples(_sample_rows(layout, traj), traj, calls)
     harness = dict(zip(samples["sample_id"], samples["harness"]))
-    calls["harness"] = calls["session_id"].map(harness).fillna("unknown") if len(calls) else []
+    calls["harness"] = calls["sample_id"].map(harness).fillna("unknown") if len(calls) else []
     merge = merge_stats(table) if len(traj) else pd.DataFrame()
     return ReportData(layout, traj, tokens, calls, samples, merge, advantage_source)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 MODEL = ROOT / "fixtures" / "tiny-qwen2"
 POLICY = ROOT / "fixtures" / "policies" / "shell-once.yaml"
 INSTRUCTION = "Create the file polar.txt containing the word polar, using the shell."
@@ -23,34 +24,14 @@ INSTRUCTION = "Create the file polar.txt containing the word polar, using the sh
 
 def show_trajectory(parquet: Path, shown: int) -> None:
     import pyarrow.parquet as pq
-    from transformers import AutoTokenizer
-    from transformers.utils import logging as hf_logging
 
-    hf_logging.set_verbosity_error()
-    tok = AutoTokenizer.from_pretrained(MODEL)
+    from polar.report_tokens import load_decode, terminal_lines
+
+    decode = load_decode(MODEL)
     rows = pq.read_table(parquet).to_pylist()
     print(f"\n== {parquet} ({len(rows)} trajectories; pandas.read_parquet reads it as is)")
     for row in rows:
-        mask, ids, lps = row["loss_mask"], row["response_ids"], row["logprobs"]
-        print(f"trajectory {row['trajectory_id']}: {row['num_calls']} calls, strategy {row['strategy']}, "
-              f"status {row['status']}, prompt {row['prompt_len']} tokens, response {row['response_len']} tokens "
-              f"({sum(mask)} sampled = loss_mask 1, {len(mask) - sum(mask)} between calls = loss_mask 0)")
-        print(f"  {'#':>4} {'mask':>4} {'id':>5} {'logprob':>9}  token")
-        i = 0
-        while i < min(len(ids), shown):
-            if mask[i]:
-                print(f"  {i:4d} {1:4d} {ids[i]:5d} {lps[i]:9.4f}  {tok.decode([ids[i]])!r}")
-                i += 1
-                continue
-            j = i
-            while j < len(ids) and not mask[j]:
-                j += 1
-            text = tok.decode(ids[i:j])
-            text = text if len(text) <= 90 else text[:40] + " … " + text[-40:]
-            print(f"  {i:4d} {0:4d}  ({j - i} tokens the engine read between calls: tool result, template) {text!r}")
-            i = j
-        if len(ids) > shown:
-            print(f"  … {len(ids) - shown} more")
+        print("\n".join(terminal_lines(row, decode, shown)))
 
 
 def main() -> int:
