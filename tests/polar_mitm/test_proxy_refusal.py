@@ -22,17 +22,29 @@ class CountingListener:
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen()
         self.port = self.sock.getsockname()[1]
-        self.accepted = 0
+        self.peers: list[tuple[str, int]] = []  # in the order accepted
+        self.seen = threading.Condition()
         threading.Thread(target=self._run, daemon=True).start()
 
     def _run(self) -> None:
         while True:
             try:
-                conn, _ = self.sock.accept()
+                conn, peer = self.sock.accept()
             except OSError:
                 return
-            self.accepted += 1
+            with self.seen:
+                self.peers.append(peer)
+                self.seen.notify_all()
             conn.close()
+
+    def accepted_before_now(self, timeout_s: float = 30.0) -> int:
+        """Connections that arrived before this call. Connects once itself and waits until the accept thread
+        took that connection: the kernel hands connections over in arrival order, so all earlier ones are counted."""
+        with socket.create_connection(("127.0.0.1", self.port)) as probe:
+            me = probe.getsockname()
+            with self.seen:
+                assert self.seen.wait_for(lambda: me in self.peers, timeout_s), "the listener never accepted"
+                return self.peers.index(me)
 
 
 def test_connect_to_other_hosts_is_refused_before_any_connection(proxy):
@@ -42,7 +54,7 @@ def test_connect_to_other_hosts_is_refused_before_any_connection(proxy):
     # absolute-form plain HTTP skips CONNECT: refused in the request hook as well
     r = httpx.get(f"http://127.0.0.1:{target.port}/v1/chat/completions", proxy=proxy.proxy_url())
     assert r.status_code == 403
-    assert target.accepted == 0
+    assert target.accepted_before_now() == 0
 
 
 def test_non_llm_paths_on_provider_hosts_get_the_providers_403(proxy):
