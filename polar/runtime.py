@@ -35,6 +35,7 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 REGISTRY: dict[str, str] = {
     "local": "polar.runtime:LocalRuntime",
     "bwrap": "polar.runtime:BwrapRuntime",
+    "apptainer": "polar.runtime_apptainer:ApptainerRuntime",
 }
 RUNTIMES = ("auto", *REGISTRY)
 LOCAL_WARNING = ("polar: runtime local: the harness runs on the host filesystem and can read and write the "
@@ -275,6 +276,10 @@ class BwrapRuntime:
         return BwrapSandbox(mounts, bwrap, self.limits)
 
 
+def _apptainer_installed() -> bool:
+    return bool(shutil.which("apptainer")) or (TOOLS / "apptainer" / "usr" / "bin" / "apptainer").exists()
+
+
 def resolve_runtime(name: str, image: str | None = None) -> str:
     """The runtime a name stands for: `auto` is apptainer for a task that names an image (when registered and
     installed), else bwrap; `local` is never chosen for you."""
@@ -282,7 +287,7 @@ def resolve_runtime(name: str, image: str | None = None) -> str:
         if name not in REGISTRY:
             raise ValueError(f"unknown runtime {name!r}; expected one of {RUNTIMES}")
         return name
-    if image and image != "host" and "apptainer" in REGISTRY and shutil.which("apptainer"):
+    if image and image != "host" and "apptainer" in REGISTRY and _apptainer_installed():
         return "apptainer"
     if shutil.which("bwrap"):
         return "bwrap"

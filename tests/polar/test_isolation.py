@@ -204,7 +204,7 @@ def test_auto_is_the_most_isolated_installed():
     assert resolve_runtime("auto") == "bwrap"
     assert isinstance(get_runtime("auto"), BwrapRuntime)
     with_image = resolve_runtime("auto", image="task.sif")
-    apptainer = "apptainer" in REGISTRY and runtime_mod.shutil.which("apptainer")
+    apptainer = "apptainer" in REGISTRY and runtime_mod._apptainer_installed()
     assert with_image == ("apptainer" if apptainer else "bwrap")
     assert resolve_runtime("auto", image="host") == "bwrap"
     assert resolve_runtime("local") == "local"  # only when asked
