@@ -14,6 +14,7 @@ Run folder (`out`):
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 import time
@@ -25,9 +26,9 @@ from typing import Any
 
 from polar.adapters import AdapterSpec
 from polar.bridge import UnixToTcp
-from polar.render import Endpoint, RunValues, redact, render, write_files
+from polar.render import Endpoint, Rendered, RunValues, redact, render, write_files
 from polar.run_summary import RunSummary, changed_files, snapshot, summarize
-from polar.runtime import ExecResult, Mounts, get_runtime
+from polar.runtime import ExecResult, Mounts, Sandbox, get_runtime
 from polar.services import ROOT, ProxyHandle, Session, context_view, new_session, reference_server, start_proxy
 
 TOOLS_BIN = ROOT / ".tools" / "npm" / "node_modules" / ".bin"
@@ -96,16 +97,13 @@ def run_session(cfg: RunConfig, engine: EngineConfig, proxy: ProxyHandle | None 
         raise ValueError(f"adapter {cfg.adapter.name} does not support --via {cfg.way_in} "
                          f"(it supports {', '.join(cfg.adapter.ways_in)})")
     out = cfg.out
-    if out.exists() and any(out.iterdir()):
-        raise ValueError(f"run folder {out} exists and is not empty: each run gets a fresh one")
-    for d in ("home", "workspace", "logs"):
-        (out / d).mkdir(parents=True, exist_ok=True)
+    make_run_folder(out)
     timer = Timer()
     own_proxy = proxy is None
     with ExitStack() as stack:
         t = time.monotonic()
         if proxy is None:
-            proxy = stack.enter_context(_start_services(cfg, engine, stack))
+            proxy = stack.enter_context(start_services(out, engine, cfg.confdir, stack))
         t = timer.lap("services_s", t)
         sid = cfg.session_id or f"{cfg.adapter.name}-{uuid.uuid4().hex[:10]}"
         session = new_session(proxy, cfg.task_id, sid)
@@ -114,82 +112,126 @@ def run_session(cfg: RunConfig, engine: EngineConfig, proxy: ProxyHandle | None 
     return _finish(cfg, proxy, own_proxy, session, result, timer)
 
 
-def _start_services(cfg: RunConfig, engine: EngineConfig, stack: ExitStack):
-    """Start the engine (unless given) and a proxy with open sessions whose capture folder is the run's."""
-    out = cfg.out
+def make_run_folder(out: Path) -> None:
+    if out.exists() and any(out.iterdir()):
+        raise ValueError(f"run folder {out} exists and is not empty: each run gets a fresh one")
+    for d in ("home", "workspace", "logs"):
+        (out / d).mkdir(parents=True, exist_ok=True)
+
+
+def start_services(out: Path, engine: EngineConfig, confdir: Path, stack: ExitStack, sessions: str = "open"):
+    """Start the engine (unless given) and a proxy whose capture folder is the run's (`out/captures`)."""
     model = engine.model_dir
     if engine.backend is None:
         model = context_view(engine.model_dir, engine.context_length, out / "model")
         backend = stack.enter_context(reference_server(model, engine.policy, out / "logs" / "serve.log"))
     else:
         backend = engine.backend
-    return start_proxy(model, backend, out / "captures", cfg.confdir, out / "logs" / "proxy.log",
-                       engine=engine.engine)
+    return start_proxy(model, backend, out / "captures", confdir, out / "logs" / "proxy.log",
+                       sessions=sessions, engine=engine.engine)
 
 
 MAX_SOCKET_PATH = 100  # AF_UNIX paths are limited to 107 bytes
 
 
-def _shared_dir(out: Path, stack: ExitStack) -> Path:
+def shared_dir(out: Path) -> tuple[Path, bool]:
     """Where the sockets and CA files the sandbox sees live: out/sandbox, or a short temporary directory when
-    the run folder's path is too long for a unix socket."""
+    the run folder's path is too long for a unix socket (then True: the caller removes it)."""
     shared = out / "sandbox"
     if len(str(shared / "base-url.sock")) <= MAX_SOCKET_PATH:
         shared.mkdir(exist_ok=True)
-        return shared
-    short = Path(tempfile.mkdtemp(prefix="polar-run-"))
-    stack.callback(shutil.rmtree, short, True)
-    return short
+        return shared, False
+    return Path(tempfile.mkdtemp(prefix="polar-run-")), True
 
 
-def _connect_proxy(proxy: ProxyHandle, shared: Path, stack: ExitStack) -> tuple[Endpoint, list[tuple[int, Path]]]:
-    """CA files and one socket bridge per proxy listener, in the shared directory."""
+def write_ca(proxy: ProxyHandle, shared: Path) -> Endpoint:
+    """The proxy's CA and a CA bundle in the shared directory: the endpoint as the sandbox sees it."""
     from polar_mitm.harness_env import write_ca_bundle
 
     ca = shared / "proxy-ca.pem"
     shutil.copyfile(proxy.ca_cert, ca)
+    os.chmod(ca, 0o644)
     bundle = write_ca_bundle(ca, shared / "ca-bundle.pem")
+    return Endpoint(proxy.host, proxy.proxy_port, proxy.base_url_port, ca, bundle)
+
+
+def open_bridges(proxy: ProxyHandle, shared: Path, stack: ExitStack) -> list[tuple[int, Path]]:
+    """One socket bridge per proxy listener, in the shared directory, closed with `stack`."""
     forwards = []
     for name, port in (("proxy.sock", proxy.proxy_port), ("base-url.sock", proxy.base_url_port)):
         bridge = UnixToTcp(shared / name, proxy.host, port)
         stack.callback(bridge.close)
         forwards.append((port, shared / name))
-    return Endpoint(proxy.host, proxy.proxy_port, proxy.base_url_port, ca, bundle), forwards
+    return forwards
+
+
+@dataclass(frozen=True)
+class HarnessSetup:
+    """What a harness run needs besides the sandbox: the adapter, the instruction, the session, the way in."""
+
+    adapter: AdapterSpec
+    instruction: str
+    model: str
+    way_in: str
+    runtime: str
+    tools_bin: tuple[Path, ...]
+
+
+def render_harness(setup: HarnessSetup, mounts: Mounts, session: Session, endpoint: Endpoint, out: Path) -> Rendered:
+    """The harness's argv, environment and config files (written), harness.json (token redacted) and the
+    workspace snapshot the run's changes are measured against."""
+    (mounts.home / ".tmp").mkdir(exist_ok=True)
+    values = RunValues(setup.instruction, setup.model, mounts.home, mounts.workspace,
+                       session.session_id, session.token, setup.way_in)
+    rendered = render(setup.adapter, values, endpoint, list(setup.tools_bin))
+    write_files(rendered.files)
+    (out / "harness.json").write_text(json.dumps({
+        "argv": list(rendered.argv), "env": redact(rendered.env, session.token),
+        "files": [str(p) for p in rendered.files], "runtime": setup.runtime, "via": setup.way_in,
+    }, indent=2))
+    (out / "workspace.before.json").write_text(json.dumps(snapshot(mounts.workspace)))
+    return rendered
+
+
+def exec_harness(sandbox: Sandbox, argv: list[str], env: dict[str, str], mounts: Mounts, proxy: ProxyHandle,
+                 timeout_s: float, out: Path) -> ExecResult:
+    """The harness in its sandbox, behind socket bridges to the proxy that live as long as it runs."""
+    with ExitStack() as stack:
+        forwards = open_bridges(proxy, mounts.shared, stack)
+        return sandbox.exec(argv, env, mounts.workspace, timeout_s, out / "harness.stdout", out / "harness.stderr",
+                            forwards)
+
+
+def changed_since_start(out: Path) -> dict[str, list[str]]:
+    before = json.loads((out / "workspace.before.json").read_text())
+    return changed_files(before, snapshot(out / "workspace"))
 
 
 def _exec_harness(cfg: RunConfig, proxy: ProxyHandle, session: Session, stack: ExitStack) -> ExecResult:
     out = cfg.out
-    shared = _shared_dir(out, stack)
+    shared, temporary = shared_dir(out)
+    if temporary:
+        stack.callback(shutil.rmtree, shared, True)
     mounts = Mounts(out / "home", out / "workspace", shared)
     sandbox = get_runtime(cfg.runtime).prepare(mounts)
     stack.callback(sandbox.stop)
     if cfg.workdir is not None:
         sandbox.copy_in(cfg.workdir, mounts.workspace)
-    (mounts.home / ".tmp").mkdir(exist_ok=True)
-    endpoint, forwards = _connect_proxy(proxy, shared, stack)
-    values = RunValues(cfg.instruction, cfg.model or cfg.adapter.model, mounts.home, mounts.workspace,
-                       session.session_id, session.token, cfg.way_in)
-    rendered = render(cfg.adapter, values, endpoint, list(cfg.tools_bin))
-    write_files(rendered.files)
-    (out / "harness.json").write_text(json.dumps({
-        "argv": list(rendered.argv), "env": redact(rendered.env, session.token),
-        "files": [str(p) for p in rendered.files], "runtime": cfg.runtime, "via": cfg.way_in,
-    }, indent=2))
-    (out / "workspace.before.json").write_text(json.dumps(snapshot(mounts.workspace)))
-    return sandbox.exec(rendered.argv, rendered.env, mounts.workspace, cfg.timeout_s,
-                        out / "harness.stdout", out / "harness.stderr", forwards)
+    setup = HarnessSetup(cfg.adapter, cfg.instruction, cfg.model or cfg.adapter.model, cfg.way_in, cfg.runtime,
+                         cfg.tools_bin)
+    rendered = render_harness(setup, mounts, session, write_ca(proxy, shared), out)
+    return exec_harness(sandbox, list(rendered.argv), rendered.env, mounts, proxy, cfg.timeout_s, out)
 
 
 def _finish(cfg: RunConfig, proxy: ProxyHandle, own_proxy: bool, session: Session, result: ExecResult,
             timer: Timer) -> RunResult:
     out = cfg.out
     t = time.monotonic()
-    files = _capture_files(proxy, own_proxy, session, out)
+    files = capture_files(proxy, own_proxy, session, out)
     status = "timeout" if result.timed_out else "completed" if result.exit_code == 0 else "error"
     reason = None if status == "completed" else f"harness exited {result.exit_code}" + (
         f" after the {cfg.timeout_s:.0f}s timeout" if result.timed_out else "")
-    before = json.loads((out / "workspace.before.json").read_text())
-    changed = changed_files(before, snapshot(out / "workspace"))
+    changed = changed_since_start(out)
     summary, error = summarize(files, out / "trajectories.parquet", cfg.adapter.name, status, reason, changed)
     timer.lap("build_s", t)
     timer.marks["total_s"] = round(time.monotonic() - timer.t0, 3)
@@ -201,7 +243,7 @@ def _finish(cfg: RunConfig, proxy: ProxyHandle, own_proxy: bool, session: Sessio
     return run
 
 
-def _capture_files(proxy: ProxyHandle, own_proxy: bool, session: Session, out: Path) -> list[Path]:
+def capture_files(proxy: ProxyHandle, own_proxy: bool, session: Session, out: Path) -> list[Path]:
     """This run's capture files: all of a proxy started for this run (in open mode a harness may name its
     session by its own header), else the session's own file, copied into the run folder."""
     if own_proxy:

@@ -1,0 +1,157 @@
+"""The Apptainer runtime: a harness in an Apptainer instance of the task's image, driven through spython.
+
+`prepare(mounts, image=…)` starts one instance (spython `Client.instance`) with `--containall --no-home --net
+--network none` (a network namespace holding only loopback), the sample's HOME, workspace and shared folder bound
+writable at the same paths, and read-only: the harness CLIs (.tools/npm), the host's node and polar/bridge.py.
+`exec` runs a command in that instance (`apptainer exec instance://NAME`) in its own process group, output to
+files, with our own timeout (spython's execute has none); `stop` stops the instance (spython). The proxy is
+reached as in bwrap: unix sockets in the shared folder and the stdlib-only forwarder polar/bridge.py, run by the
+image's own python3. The instance is named, so a later stage in another process reattaches with `attach`.
+
+Rootless (an unprivileged user) uses user namespaces; a SIF needs /dev/fuse then, so use a sandbox directory.
+Root works with `root default capabilities = no` in apptainer.conf (scripts/install_apptainer.sh sets it).
+"""
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import uuid
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from polar import bridge
+from polar.limits import DEFAULT_LIMITS, Limits
+from polar.runtime import PROJECT_ROOT, ExecResult, Mounts, SandboxError, bridged, run_group
+
+APPTAINER_DIR = PROJECT_ROOT / ".tools" / "apptainer" / "usr" / "bin"
+NPM_DIR = PROJECT_ROOT / ".tools" / "npm"
+HOST_NODE = Path("/usr/bin/node")
+START_OPTIONS = ("--containall", "--no-home", "--net", "--network", "none")
+
+
+def apptainer_bin() -> Path:
+    """The apptainer binary (the relocated one of make setup first), with its `singularity` link on PATH for
+    spython, which calls `singularity`."""
+    for d in (APPTAINER_DIR, *(Path(p) for p in os.environ.get("PATH", "").split(os.pathsep) if p)):
+        if (d / "apptainer").is_file() and (d / "singularity").exists():
+            if str(d) not in os.environ.get("PATH", "").split(os.pathsep):
+                os.environ["PATH"] = f"{d}{os.pathsep}{os.environ.get('PATH', '')}"
+            return d / "apptainer"
+    raise SandboxError(f"apptainer runtime: no apptainer with a `singularity` link in {APPTAINER_DIR} or on PATH "
+                       "(make setup installs it)")
+
+
+def read_only_binds() -> list[tuple[Path, Path]]:
+    """Host paths every sandbox sees read-only, at the same path: harness CLIs, node, the forwarder."""
+    binds = [(Path(bridge.__file__).resolve(), Path(bridge.__file__).resolve())]
+    if NPM_DIR.is_dir():
+        binds.append((NPM_DIR, NPM_DIR))
+    node = Path(shutil.which("node") or HOST_NODE)
+    if node.exists():
+        binds.append((node.resolve(), Path("/usr/bin/node")))
+    return binds
+
+
+def bind_args(mounts: Mounts, extra_ro: Sequence[tuple[Path, Path]] = ()) -> list[str]:
+    args = []
+    for d in (mounts.home, mounts.workspace, mounts.shared):
+        args += ["--bind", f"{d}:{d}"]
+    for src, dst in [*read_only_binds(), *extra_ro]:
+        args += ["--bind", f"{src}:{dst}:ro"]
+    return args
+
+
+class ApptainerSandbox:
+    """One running instance; `exec` may be called many times (harness, then evaluator)."""
+
+    def __init__(self, mounts: Mounts, image: str, name: str, apptainer: Path, limits: Limits) -> None:
+        self.mounts, self.image, self.name, self.apptainer, self.limits = mounts, image, name, apptainer, limits
+
+    def exec(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path, timeout_s: float,
+             stdout: Path, stderr: Path, forwards: Sequence[tuple[int, Path]] = ()) -> ExecResult:
+        inner = list(argv)
+        if forwards:  # the image's own python3 runs the forwarder (bound in read-only)
+            inner = bridged(inner, forwards, python="python3", script=str(Path(bridge.__file__).resolve()))
+        if "HOME" in env:  # apptainer sets HOME itself (APPTAINERENV_HOME is ignored)
+            inner = ["env", f"HOME={env['HOME']}", *inner]
+        cmd = [str(self.apptainer), "-s", "exec", "--cleanenv", "--pwd", str(cwd), f"instance://{self.name}", *inner]
+        return run_group(cmd, host_env(env), self.mounts.workspace, timeout_s, stdout, stderr, self.limits)
+
+    def copy_in(self, src: Path, dst: Path) -> None:
+        _copy(src, dst)  # the bound folders are the host's own
+
+    def copy_out(self, src: Path, dst: Path) -> None:
+        _copy(src, dst)
+
+    def stop(self) -> None:
+        """Stop the instance (every process in it); safe to call twice."""
+        from spython.main import Client
+
+        with _quiet_spython():
+            Client.instance(self.image, start=False, name=self.name).stop(quiet=True)
+
+
+def host_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The apptainer CLI's own environment: ours (PATH, HOME for its instance records) plus the sandbox's
+    variables as APPTAINERENV_* (with --cleanenv nothing else of ours crosses into the container)."""
+    out = {k: v for k, v in os.environ.items() if not k.startswith(("APPTAINERENV_", "SINGULARITYENV_"))}
+    out.update({f"APPTAINERENV_{k}": v for k, v in env.items()})
+    return out
+
+
+def _copy(src: Path, dst: Path) -> None:
+    if src.is_dir():
+        shutil.copytree(src, dst, symlinks=True, dirs_exist_ok=True)
+    else:
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, dst)
+
+
+class _quiet_spython:
+    """spython reports a failed command through its logger; capture that text instead of printing it."""
+
+    def __enter__(self) -> io.StringIO:
+        from spython.logger import bot
+
+        self.bot, self.saved = bot, (bot.errorStream, bot.outputStream)
+        bot.errorStream = bot.outputStream = self.text = io.StringIO()
+        return self.text
+
+    def __exit__(self, *exc: object) -> None:
+        self.bot.errorStream, self.bot.outputStream = self.saved
+
+
+class ApptainerRuntime:
+    name = "apptainer"
+
+    def __init__(self, limits: Limits = DEFAULT_LIMITS) -> None:
+        self.limits = limits
+
+    def prepare(self, mounts: Mounts, image: str | None = None, instance: str | None = None) -> ApptainerSandbox:
+        """Start an instance of `image` (a SIF or a sandbox directory); raises SandboxError naming the image."""
+        apptainer = apptainer_bin()
+        if not image or image == "host":
+            raise SandboxError("apptainer runtime: the task names no image (image: host); give a SIF or a sandbox "
+                               "directory, or use --runtime bwrap|local")
+        path = Path(image)
+        if not path.exists():
+            raise SandboxError(f"apptainer runtime: image {path} not found")
+        if path.is_file() and os.geteuid() != 0 and not os.access("/dev/fuse", os.R_OK | os.W_OK):
+            raise SandboxError(f"apptainer runtime: image {path} is a SIF, which an unprivileged user cannot mount "
+                               "here (/dev/fuse is not accessible); use a sandbox directory "
+                               "(`apptainer build --sandbox DIR IMAGE.sif`)")
+        name = instance or f"polar-{uuid.uuid4().hex[:12]}"
+        from spython.main import Client
+
+        options = [*START_OPTIONS, *bind_args(mounts)]
+        with _quiet_spython() as log:
+            started = Client.instance(str(path), name=name, options=options, quiet=True)
+        if not getattr(started, "pid", None):
+            detail = " ".join(log.getvalue().split())[-600:]
+            raise SandboxError(f"apptainer runtime: instance of image {path} did not start: {detail}")
+        return ApptainerSandbox(mounts, str(path), name, apptainer, self.limits)
+
+    def attach(self, mounts: Mounts, image: str, instance: str) -> ApptainerSandbox:
+        """The running instance `instance` again (a later stage, maybe another process)."""
+        return ApptainerSandbox(mounts, image, instance, apptainer_bin(), self.limits)

@@ -1,0 +1,263 @@
+"""Task files: what one scored sample is about (format: docs/tasks.md).
+
+A task file is YAML (one task mapping, a list of them, or `{tasks: [...]}`) or JSONL (one task per line).
+Each task: task_id, instruction, workspace (a directory or a .tar.gz, copied into the sandbox), image (an
+Apptainer SIF or sandbox directory, or `host` for the local/bwrap runtimes), adapter (optional: the batch's
+default otherwise), evaluator, timeout_s (the agent's budget), session_timeout_s (the whole sample),
+metadata (free-form, carried into the trajectory table). Relative paths are relative to the task file.
+Every error is one line: "FILE:LINE: FIELD: problem".
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Mapping
+
+import yaml
+
+from polar_traj.records import check_id
+
+TASK_KEYS = ("task_id", "instruction", "workspace", "image", "adapter", "evaluator", "timeout_s",
+             "session_timeout_s", "metadata")
+EVALUATOR_KINDS = ("command", "files", "python")
+REWARD_SOURCES = ("exit", "stdout", "file")
+EVALUATOR_KEYS = {"command": {"command", "reward", "reward_file", "timeout_s"},
+                  "files": {"files", "timeout_s"},
+                  "python": {"python", "timeout_s"}}
+DEFAULT_TIMEOUT_S = 600.0
+DEFAULT_EVAL_TIMEOUT_S = 120.0
+SESSION_MARGIN_S = 120.0  # default session budget beyond the agent's and the evaluator's
+_PY_TARGET = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
+
+
+class TaskError(ValueError):
+    """A malformed task file; the message is "FILE:LINE: FIELD: problem"."""
+
+
+@dataclass(frozen=True)
+class EvaluatorSpec:
+    """How a finished sample is scored (polar/evaluate.py)."""
+
+    kind: str  # command | files | python
+    command: str | None = None  # kind command: a shell line, run in the sandbox's workspace
+    reward: str = "exit"  # kind command: exit (1.0 for exit 0 else 0.0) | stdout (last line) | file
+    reward_file: str = "reward.txt"  # kind command, reward file: relative to the workspace
+    files: Mapping[str, str | None] = field(default_factory=lambda: MappingProxyType({}))  # path -> text|None
+    python: str | None = None  # kind python: module:function(workspace: Path, summary: dict) -> float|dict
+    timeout_s: float = DEFAULT_EVAL_TIMEOUT_S
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "command": self.command, "reward": self.reward, "reward_file": self.reward_file,
+                "files": dict(self.files), "python": self.python, "timeout_s": self.timeout_s}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> EvaluatorSpec:
+        return cls(**{**data, "files": MappingProxyType(dict(data.get("files") or {}))})
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    task_id: str
+    instruction: str
+    workspace: Path | None
+    image: str  # SIF path, sandbox directory, or "host"
+    adapter: str | None
+    evaluator: EvaluatorSpec
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    session_timeout_s: float = DEFAULT_TIMEOUT_S + DEFAULT_EVAL_TIMEOUT_S + SESSION_MARGIN_S
+    metadata: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"task_id": self.task_id, "instruction": self.instruction,
+                "workspace": str(self.workspace) if self.workspace else None, "image": self.image,
+                "adapter": self.adapter, "evaluator": self.evaluator.to_dict(), "timeout_s": self.timeout_s,
+                "session_timeout_s": self.session_timeout_s, "metadata": dict(self.metadata)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TaskSpec:
+        return cls(data["task_id"], data["instruction"], Path(data["workspace"]) if data.get("workspace") else None,
+                   data["image"], data.get("adapter"), EvaluatorSpec.from_dict(data["evaluator"]),
+                   float(data["timeout_s"]), float(data["session_timeout_s"]),
+                   MappingProxyType(dict(data.get("metadata") or {})))
+
+
+@dataclass(frozen=True)
+class _Where:
+    """Where a task sits in its file: the file, the task's line, and each key's line."""
+
+    file: Path
+    line: int
+    keys: Mapping[str, int]
+
+    def fail(self, key: str, problem: str) -> TaskError:
+        return TaskError(f"{self.file}:{self.keys.get(key.split('.')[0], self.line)}: {key}: {problem}")
+
+
+def load_tasks(path: str | Path) -> list[TaskSpec]:
+    """Every task of a YAML or JSONL task file, validated; raises TaskError ("FILE:LINE: FIELD: problem")."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise TaskError(f"{path}:0: file: cannot read: {e}") from e
+    items = _jsonl_items(path, text) if path.suffix == ".jsonl" else _yaml_items(path, text)
+    tasks, seen = [], {}
+    for raw, where in items:
+        task = _parse_task(raw, where, path.resolve().parent)
+        if task.task_id in seen:
+            raise where.fail("task_id", f"{task.task_id!r} already used on line {seen[task.task_id]}")
+        seen[task.task_id] = where.keys.get("task_id", where.line)
+        tasks.append(task)
+    if not tasks:
+        raise TaskError(f"{path}:1: tasks: the file holds no task")
+    return tasks
+
+
+def select_task(tasks: list[TaskSpec], task_id: str | None, path: Path) -> TaskSpec:
+    if task_id is None:
+        if len(tasks) > 1:
+            raise TaskError(f"{path}: {len(tasks)} tasks; pick one with --task-id "
+                            f"({', '.join(t.task_id for t in tasks)})")
+        return tasks[0]
+    for t in tasks:
+        if t.task_id == task_id:
+            return t
+    raise TaskError(f"{path}: no task {task_id!r} (tasks: {', '.join(t.task_id for t in tasks)})")
+
+
+def _jsonl_items(path: Path, text: str) -> list[tuple[Any, _Where]]:
+    items = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            raw = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise TaskError(f"{path}:{n}: json: {e.msg} (column {e.colno})") from e
+        items.append((raw, _Where(path, n, {})))
+    return items
+
+
+def _yaml_items(path: Path, text: str) -> list[tuple[Any, _Where]]:
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = mark.line + 1 if mark else 1
+        raise TaskError(f"{path}:{line}: yaml: {getattr(e, 'problem', None) or e}") from e
+    if node is None:
+        return []
+    if isinstance(data, dict) and "tasks" in data:
+        if set(data) != {"tasks"} or not isinstance(data["tasks"], list):
+            raise TaskError(f"{path}:{node.start_mark.line + 1}: tasks: expected `tasks:` holding a list, alone")
+        node = next(v for k, v in node.value if k.value == "tasks")
+        data = data["tasks"]
+    if isinstance(data, dict):
+        return [(data, _where_of(path, node))]
+    if not isinstance(data, list):
+        raise TaskError(f"{path}:1: tasks: expected a task mapping or a list of them, got {type(data).__name__}")
+    return [(raw, _where_of(path, n)) for raw, n in zip(data, node.value)]
+
+
+def _where_of(path: Path, node: yaml.Node) -> _Where:
+    keys = {}
+    if isinstance(node, yaml.MappingNode):
+        keys = {k.value: k.start_mark.line + 1 for k, _v in node.value if isinstance(k, yaml.ScalarNode)}
+    return _Where(path, node.start_mark.line + 1, keys)
+
+
+def _parse_task(raw: Any, where: _Where, base: Path) -> TaskSpec:
+    if not isinstance(raw, dict):
+        raise where.fail("task", f"expected a mapping, got {raw!r}")
+    unknown = sorted(set(map(str, raw)) - set(TASK_KEYS))
+    if unknown:
+        raise where.fail(unknown[0], f"unknown field (known: {', '.join(TASK_KEYS)})")
+    for key in ("task_id", "instruction", "evaluator"):
+        if key not in raw:
+            raise where.fail(key, "missing")
+    try:
+        task_id = check_id(raw["task_id"], "task_id")
+    except ValueError as e:
+        raise where.fail("task_id", str(e)) from e
+    instruction = _text(raw["instruction"], "instruction", where)
+    timeout = _seconds(raw.get("timeout_s", DEFAULT_TIMEOUT_S), "timeout_s", where)
+    evaluator = _parse_evaluator(raw["evaluator"], where)
+    session = _seconds(raw.get("session_timeout_s", timeout + evaluator.timeout_s + SESSION_MARGIN_S),
+                       "session_timeout_s", where)
+    if session < timeout:
+        raise where.fail("session_timeout_s", f"{session:g} is shorter than timeout_s {timeout:g}")
+    metadata = raw.get("metadata") or {}
+    if not isinstance(metadata, dict):
+        raise where.fail("metadata", f"expected a mapping, got {metadata!r}")
+    adapter = raw.get("adapter")
+    if adapter is not None:
+        adapter = _text(adapter, "adapter", where)
+    return TaskSpec(task_id, instruction, _workspace(raw.get("workspace"), where, base),
+                    _image(raw.get("image", "host"), where, base), adapter, evaluator, timeout, session,
+                    MappingProxyType(dict(metadata)))
+
+
+def _text(value: Any, key: str, where: _Where) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise where.fail(key, f"expected a non-empty string, got {value!r}")
+    return value
+
+
+def _seconds(value: Any, key: str, where: _Where) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise where.fail(key, f"expected a positive number of seconds, got {value!r}")
+    return float(value)
+
+
+def _workspace(value: Any, where: _Where, base: Path) -> Path | None:
+    if value is None:
+        return None
+    path = base / _text(value, "workspace", where)
+    if not (path.is_dir() or (path.is_file() and path.name.endswith((".tar.gz", ".tgz")))):
+        raise where.fail("workspace", f"{path} is neither a directory nor a .tar.gz file")
+    return path.resolve()
+
+
+def _image(value: Any, where: _Where, base: Path) -> str:
+    """`host` or a path (its existence is checked when the sample starts: a missing image is an error sample)."""
+    text = _text(value, "image", where)
+    return text if text == "host" else str((base / text).resolve())
+
+
+def _parse_evaluator(raw: Any, where: _Where) -> EvaluatorSpec:
+    if not isinstance(raw, dict):
+        raise where.fail("evaluator", f"expected a mapping with one of {', '.join(EVALUATOR_KINDS)}, got {raw!r}")
+    kinds = [k for k in EVALUATOR_KINDS if k in raw]
+    if len(kinds) != 1:
+        raise where.fail("evaluator", f"give exactly one of {', '.join(EVALUATOR_KINDS)}, got {sorted(raw)}")
+    kind = kinds[0]
+    unknown = sorted(set(raw) - EVALUATOR_KEYS[kind])
+    if unknown:
+        raise where.fail(f"evaluator.{unknown[0]}", f"unknown for a {kind} evaluator "
+                                                    f"(known: {', '.join(sorted(EVALUATOR_KEYS[kind]))})")
+    timeout = _seconds(raw.get("timeout_s", DEFAULT_EVAL_TIMEOUT_S), "evaluator.timeout_s", where)
+    if kind == "command":
+        reward = raw.get("reward", "exit")
+        if reward not in REWARD_SOURCES:
+            raise where.fail("evaluator.reward", f"{reward!r}: expected one of {', '.join(REWARD_SOURCES)}")
+        reward_file = _text(raw.get("reward_file", "reward.txt"), "evaluator.reward_file", where)
+        return EvaluatorSpec("command", command=_text(raw["command"], "evaluator.command", where), reward=reward,
+                             reward_file=reward_file, timeout_s=timeout)
+    if kind == "files":
+        files = raw["files"]
+        if not isinstance(files, dict) or not files or not all(
+                isinstance(k, str) and k and (v is None or isinstance(v, str)) for k, v in files.items()):
+            raise where.fail("evaluator.files", "expected a mapping path -> expected text (or null: must exist)")
+        bad = [k for k in files if Path(k).is_absolute() or ".." in Path(k).parts]
+        if bad:
+            raise where.fail("evaluator.files", f"{bad[0]!r}: paths are relative to the workspace, inside it")
+        return EvaluatorSpec("files", files=MappingProxyType(dict(files)), timeout_s=timeout)
+    target = raw["python"]
+    if not isinstance(target, str) or not _PY_TARGET.fullmatch(target):
+        raise where.fail("evaluator.python", f"expected module:function, got {target!r}")
+    return EvaluatorSpec("python", python=target, timeout_s=timeout)
