@@ -57,6 +57,7 @@ class Gate:
         self._idle = asyncio.Event()
         self._idle.set()
         self.active = 0
+        self.held = 0  # requests waiting for the gate to reopen
 
     @property
     def paused(self) -> bool:
@@ -64,8 +65,12 @@ class Gate:
 
     @asynccontextmanager
     async def admit(self) -> AsyncIterator[None]:
-        while not self._open.is_set():
-            await self._open.wait()
+        self.held += 1
+        try:
+            while not self._open.is_set():
+                await self._open.wait()
+        finally:
+            self.held -= 1
         self.active += 1
         self._idle.clear()
         try:
@@ -156,7 +161,7 @@ class ReferenceServer:
         check_prompt(prompt_ids, params.max_new_tokens, e.vocab_size, e.max_context_length)
         match = None
         if self.policy is not None:
-            match = self.policy.reply_for(parse_prompt(e.decode(prompt_ids, skip_special_tokens=False)))
+            match = self.policy.reply_for(parse_prompt(e.decode(prompt_ids, skip_special_tokens=False)), params.seed)
         if match is None:
             return Sequence(e, prompt_ids, params)
         forced = e.encode(match[1]) + [e.tokenizer.eos_token_id]
@@ -238,6 +243,7 @@ class ReferenceServer:
             "served_model_name": self.options.served_model_name, "weight_version": info.weight_version,
             "vocab_size": info.vocab_size, "eos_token_ids": list(info.eos_token_ids),
             "max_context_length": info.max_context_length, "paused": self.gate.paused,
+            "held_requests": self.gate.held,
         })
 
     async def models(self, request: web.Request) -> web.Response:

@@ -244,6 +244,17 @@ def test_weight_reload_changes_version_and_outputs(own_server: str, tmp_path: Pa
     assert generate(own_server, prompt, temperature=0, max_new_tokens=12)["output_ids"] == before["output_ids"]
 
 
+def wait_for_held_request(base: str, timeout_s: float = 60.0) -> dict[str, Any]:
+    """The server's model info once it reports one request held at its paused gate."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        info = httpx.get(base + "/get_model_info").json()
+        if info["held_requests"] == 1:
+            return info
+        assert time.monotonic() < deadline, f"no request was held by the paused server: {info}"
+        time.sleep(0.05)
+
+
 def test_pause_holds_new_requests_and_lets_in_flight_ones_finish(own_server: str, prompt: list[int]) -> None:
     long_body = {"input_ids": prompt, "stream": True,
                  "sampling_params": {"max_new_tokens": 300, "ignore_eos": True, "temperature": 0}}
@@ -254,8 +265,8 @@ def test_pause_holds_new_requests_and_lets_in_flight_ones_finish(own_server: str
         assert post(own_server, "/pause_generation", {}).json()["paused"]
         assert len(in_flight.result(timeout=30)[-1]["output_ids"]) == 300  # it was not cut off
         held = pool.submit(generate, own_server, prompt, temperature=0, max_new_tokens=4)
-        time.sleep(0.5)
-        assert not held.done()
-        assert httpx.get(own_server + "/get_model_info").json()["paused"]
+        info = wait_for_held_request(own_server)  # the server holds it: it is waiting at the gate, not running
+        assert info["paused"] and not held.done()
         post(own_server, "/resume_generation", {})
         assert len(held.result(timeout=30)["output_ids"]) == 4
+        assert httpx.get(own_server + "/get_model_info").json()["held_requests"] == 0
