@@ -50,7 +50,25 @@ async def _serve(args: argparse.Namespace, policy: Policy | None) -> None:
         await runner.cleanup()
 
 
+SERVE_EXTRA = "pip install 'polar[serve]'"
+
+
+def missing_torch() -> str | None:
+    """Why the server cannot start without PyTorch (left out of a plain `pip install polar`), or None."""
+    try:
+        import torch  # noqa: F401
+        import safetensors  # noqa: F401
+    except ImportError as e:
+        return (f"polar serve: the reference server needs PyTorch and safetensors ({e}); a plain "
+                f"`pip install polar` leaves them out. Install the extra: {SERVE_EXTRA} (make setup does)")
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
+    problem = missing_torch()
+    if problem:
+        print(problem, file=sys.stderr)
+        return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s",
                         stream=sys.stderr)
     if not (args.model / "config.json").is_file():
