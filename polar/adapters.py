@@ -34,9 +34,13 @@ class AdapterError(ValueError):
 
 @dataclass(frozen=True)
 class Package:
-    npm: str
+    """Where the harness comes from: an npm package (scripts/harnesses/package.json) or a PyPI one (its own
+    venv, scripts/install_python_harnesses.sh); exactly one of the two."""
+
+    npm: str | None
     version: str
     bin: str
+    pypi: str | None = None
 
 
 @dataclass(frozen=True)
@@ -234,11 +238,15 @@ def _package(f: _Fields, raw: Any) -> Package | None:
     if raw is None:
         return None
     raw = f.mapping(raw, "package")
-    f.known(raw, {"npm", "version", "bin"}, "package")
+    f.known(raw, {"npm", "pypi", "version", "bin"}, "package")
+    if ("npm" in raw) == ("pypi" in raw):
+        raise f.fail("package", "give exactly one of 'npm' or 'pypi' (the registry the harness comes from)")
     version = raw.get("version")
     if not isinstance(version, str) or not re.fullmatch(r"\d+\.\d+\.\d+\S*", version):
         raise f.fail("package.version", f"{version!r}: expected a pinned version like '1.2.3' (quoted)")
-    return Package(f.string(raw, "npm", "package"), version, f.string(raw, "bin", "package"))
+    npm = f.string(raw, "npm", "package") if "npm" in raw else None
+    pypi = f.string(raw, "pypi", "package") if "pypi" in raw else None
+    return Package(npm, version, f.string(raw, "bin", "package"), pypi)
 
 
 def _shell_tool(f: _Fields, raw: Any) -> ShellTool | None:

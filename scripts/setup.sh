@@ -20,4 +20,7 @@ bash scripts/install_apptainer.sh
 step "harness CLIs (npm, pinned)"
 bash scripts/install_harnesses.sh
 
+step "python harnesses (a venv each, pinned)"
+bash scripts/install_python_harnesses.sh
+
 step "setup done"

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# The Python harnesses, each in its own venv .tools/<name>-venv (never the project's .venv, whose pins
+# must not move), pinned twice: the harness's version below, and every dependency by
+# scripts/harnesses/python/<name>.txt (written by the first install, like npm's lock). Each harness's
+# command is linked into .tools/python/bin, which `polar run` puts on the harness's PATH (the venvs' own
+# bin folders stay off it, so the harness's shell keeps the system python). Skipped per harness when its
+# lock matches the venv's stamp; after an install the command must print its pinned version inside a
+# loopback-only network namespace. Prints how long each harness and the whole step took, and its size.
+set -euo pipefail
+self=$(readlink -f "$0")
+cd "$(dirname "$self")/.."
+source scripts/lib.sh
+
+# name  pip requirement  command (in the venv's bin)  version check argv after the command
+HARNESSES=(
+  "mini-swe-agent|mini-swe-agent==2.4.6|mini|--help"
+  "aider|aider-chat==0.86.2|aider|--version"
+)
+locks=scripts/harnesses/python
+links=.tools/python/bin
+mkdir -p "$locks" "$links"
+# The system python: the bwrap sandbox shows /usr but not a pyenv or conda prefix a venv would point into.
+py=/usr/bin/python3
+if ! "$py" -c 'import venv, ensurepip' 2> /dev/null; then
+  [ "$(id -u)" = 0 ] || die "$py with venv is needed (Debian: apt-get install python3-venv)"
+  net "apt-get install python3-venv" apt-get install -y -q --no-install-recommends -o DPkg::Lock::Timeout=300 python3-venv
+fi
+pyver=$("$py" -c 'import sys; print(sys.version.split()[0])')
+
+offline=(unshare -n); [ "$(id -u)" = 0 ] || offline=(unshare -rn)
+ip=$(PATH=$PATH:/usr/sbin:/sbin command -v ip) || die "ip (iproute2) missing"
+
+stamp_of() { { echo "$2 python$pyver"; cat "$locks/$1.txt" 2>/dev/null; } | sha256sum | cut -c1-16; }
+
+install_one() {
+  local name=$1 req=$2 cli=$3 check=$4
+  local venv=.tools/$name-venv lock=$locks/$name.txt start=$SECONDS
+  if [ -x "$venv/bin/$cli" ] && [ -f "$lock" ] && [ "$(cat "$venv/.installed" 2>/dev/null)" = "$(stamp_of "$name" "$req")" ]; then
+    ln -sfn "$PWD/$venv/bin/$cli" "$links/$cli"
+    info "$name: up to date ($venv)"; return 0
+  fi
+  rm -rf "$venv"
+  "$py" -m venv "$venv"
+  local pip=("$venv/bin/pip" install --disable-pip-version-check --no-input --quiet)
+  if [ -f "$lock" ]; then
+    net "pip install $name (from $lock)" "${pip[@]}" -r "$lock"
+  else
+    info "$name: no lock yet; installing $req and writing $lock"
+    net "pip install $name" "${pip[@]}" "$req"
+    "$venv/bin/pip" freeze --disable-pip-version-check --exclude-editable > "$lock.tmp" && mv "$lock.tmp" "$lock"
+  fi
+  grep -qiF "$req" "$lock" || die "$lock does not pin $req"
+  ln -sfn "$PWD/$venv/bin/$cli" "$links/$cli"
+  local home=$PWD/.cache/harness-version-home out
+  rm -rf "$home" && mkdir -p "$home"
+  out=$("${offline[@]}" env HOME="$home" LITELLM_LOCAL_MODEL_COST_MAP=True sh -c \
+        '"$0" link set lo up && exec timeout 120 "$1" "$2"' "$ip" "$PWD/$links/$cli" "$check" 2>&1) \
+    || die "$name: $cli $check failed offline: $(tail -n 5 <<< "$out")"
+  rm -rf "$home"
+  stamp_of "$name" "$req" > "$venv/.installed"
+  info "$name ($req): $links/$cli, installed in $((SECONDS - start)) s, $(du -sh "$venv" | cut -f1)"
+}
+
+start=$SECONDS
+for entry in "${HARNESSES[@]}"; do
+  IFS='|' read -r name req cli check <<< "$entry"
+  install_one "$name" "$req" "$cli" "$check"
+done
+info "python harnesses ready in $((SECONDS - start)) s"
