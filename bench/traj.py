@@ -1,12 +1,17 @@
 """Benchmark polar_traj: calls/s to build and write Parquet, peak memory, and trainer tokens
 per_request ÷ prefix_merge on synthetic agent sessions of 5, 20 and 100 turns.
 
+Each case is built three ways in the same run: `before` = polar_traj as of BASELINE (git archive of that
+commit, stdlib json reader) on format-1 captures; `f1` = this checkout on the same files; `linear` = this
+checkout on the same sessions written in the linear form (docs/captures.md). MB/cpu-s counts the
+format-1 file size, so the three rows read the same amount of capture.
+
 Each session: a title side call, then an append-only agent loop (system+tools 1500 tokens, task 200,
 each turn samples 150 tokens and gets a 400-token tool result back); each record carries a
 chat request whose text grows with the conversation, as real captures do. Every measurement runs in
 a fresh process (peak RSS is per process). Bounded: well under a minute on 2 cores.
 
-    .venv/bin/python bench/traj.py [--json]
+    .venv/bin/python bench/traj.py [--json] [--baseline REV | --no-baseline]
 """
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ import argparse
 import json
 import multiprocessing as mp
 import resource
+import subprocess
 import sys
 import tempfile
 import time
@@ -26,6 +32,7 @@ import numpy as np  # noqa: E402
 SYSTEM, TASK, OUTPUT, TOOL, EOT = 1500, 200, 150, 400, 2
 # (turns per session, sessions): the two 5-turn rows show memory staying flat as files multiply
 CASES = [(5, 40), (5, 400), (20, 20), (100, 3)]
+BASELINE = "7f3cbd3"  # the last commit before the orjson reader and the linear capture form
 
 
 def write_session(capture: Path, task: str, session: str, turns: int, rng: np.random.Generator) -> int:
@@ -60,7 +67,9 @@ def write_session(capture: Path, task: str, session: str, turns: int, rng: np.ra
     return turns + 1
 
 
-def measure(capture: str, strategy: str, out: str, queue: mp.Queue) -> None:
+def measure(capture: str, strategy: str, out: str, queue: mp.Queue, src: str | None = None) -> None:
+    if src:
+        sys.path.insert(0, src)  # before polar_traj is first imported in this fresh process
     from polar_traj.build import BuildConfig
     from polar_traj.pipeline import Selection, build_parquet
 
@@ -79,21 +88,54 @@ def measure(capture: str, strategy: str, out: str, queue: mp.Queue) -> None:
                "file_mb": Path(out).stat().st_size / 2**20})
 
 
-def run_case(turns: int, sessions: int, workdir: Path) -> dict:
+def to_linear(capture: Path, out: Path) -> None:
+    from polar_traj.captures import CaptureWriter
+    from polar_traj.records import read_capture
+
+    writer = CaptureWriter(out, fsync=False)
+    for path in sorted(capture.rglob("*.jsonl")):
+        for record in read_capture(path):
+            writer.write(record)
+
+
+def baseline_src(rev: str, workdir: Path) -> str | None:
+    """polar_traj as of `rev`, unpacked under workdir; None (with a line saying why) when git cannot."""
+    dest = workdir / f"baseline-{rev}"
+    dest.mkdir()
+    try:
+        archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "polar_traj"], capture_output=True, check=True)
+        subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)
+    except (OSError, subprocess.CalledProcessError) as e:
+        print(f"traj bench: no baseline {rev} ({e}); before rows skipped", file=sys.stderr)
+        return None
+    return str(dest)
+
+
+def build_once(capture: Path, strategy: str, workdir: Path, src: str | None) -> dict:
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=measure, args=(str(capture), strategy, str(workdir / f"{strategy}.parquet"), queue, src))
+    proc.start()
+    got = queue.get(timeout=300)
+    proc.join()
+    return got
+
+
+def run_case(turns: int, sessions: int, workdir: Path, src: str | None) -> dict:
     rng = np.random.default_rng(turns * 1000 + sessions)
     capture = workdir / f"capture-{turns}x{sessions}"
     calls = sum(write_session(capture, f"task{s % 4}", f"s{s}", turns, rng) for s in range(sessions))
+    linear = workdir / f"linear-{turns}x{sessions}"
+    to_linear(capture, linear)
     row: dict = {"turns": turns, "sessions": sessions, "calls": calls,
-                 "capture_mb": sum(p.stat().st_size for p in capture.rglob("*.jsonl")) / 2**20}
-    ctx = mp.get_context("spawn")
-    for strategy in ("per_request", "prefix_merge"):
-        queue = ctx.Queue()
-        proc = ctx.Process(target=measure, args=(str(capture), strategy, str(workdir / f"{strategy}.parquet"), queue))
-        proc.start()
-        got = queue.get(timeout=120)
-        proc.join()
-        row[strategy] = got
-    pr, pm = row["per_request"]["stats"], row["prefix_merge"]["stats"]
+                 "capture_mb": sum(p.stat().st_size for p in capture.rglob("*.jsonl")) / 2**20,
+                 "linear_mb": sum(p.stat().st_size for p in linear.rglob("*.jsonl")) / 2**20}
+    variants = [("before", capture, src)] if src and turns >= 20 else []
+    variants += [("f1", capture, None), ("linear", linear, None)]
+    for name, files, code in variants:
+        for strategy in ("per_request", "prefix_merge"):
+            row[f"{name}/{strategy}"] = build_once(files, strategy, workdir, code)
+    pr, pm = row["f1/per_request"]["stats"], row["f1/prefix_merge"]["stats"]
     row["token_ratio"] = pr["trajectory_tokens"] / pm["trajectory_tokens"]
     row["sample_ratio"] = pr["trajectories"] / pm["trajectories"]
     return row
@@ -102,27 +144,41 @@ def run_case(turns: int, sessions: int, workdir: Path) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--baseline", default=BASELINE, help="git revision measured as `before`")
+    parser.add_argument("--no-baseline", action="store_true")
     args = parser.parse_args()
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="polar-traj-bench-") as tmp:
-        rows = [run_case(turns, sessions, Path(tmp)) for turns, sessions in CASES]
+        src = None if args.no_baseline else baseline_src(args.baseline, Path(tmp))
+        rows = [run_case(turns, sessions, Path(tmp), src) for turns, sessions in CASES]
     if args.json:
         print(json.dumps(rows, indent=2))
         return
-    print(f"{'turns':>5} {'sess':>5} {'calls':>6} {'capMB':>6} | {'strategy':<12} {'calls/s':>8} {'/cpu-s':>7}"
-          f" {'peakMB':>7}"
-          f" {'rows':>5} {'tokens':>10} | {'tok ratio':>9} {'samples':>8}")
+    print("\n".join(table(rows)))
+    print(f"total {time.perf_counter() - started:.1f}s (calls/s: wall clock; /cpu-s and MB/cpu-s: per CPU second of "
+          f"the build process, MB of format-1 capture; ×before: calls/cpu-s over `before` ({args.baseline}); "
+          f"tok ratio = trainer tokens per_request / prefix_merge; samples = trajectories per_request / prefix_merge)")
+
+
+def table(rows: list[dict]) -> list[str]:
+    out = ["| turns | sess | calls | f1 MB | linear MB | reader | strategy | calls/s | calls/cpu-s | ×before | "
+           "MB/cpu-s | peak MB | tok ratio | samples |", "|" + "---|" * 14]
     for r in rows:
         for strategy in ("per_request", "prefix_merge"):
-            m = r[strategy]
-            ratio = f"{r['token_ratio']:9.2f} {r['sample_ratio']:8.2f}" if strategy == "prefix_merge" else ""
-            print(f"{r['turns']:>5} {r['sessions']:>5} {r['calls']:>6} {r['capture_mb']:>6.1f} | {strategy:<12}"
-                  f" {r['calls'] / m['seconds']:>8.0f} {r['calls'] / m['cpu_seconds']:>7.0f}"
-                  f" {m['rss_peak_mb']:>7.0f} {m['rows']:>5}"
-                  f" {m['stats']['trajectory_tokens']:>10} | {ratio}")
-    print(f"total {time.perf_counter() - started:.1f}s (calls/s: wall clock; /cpu-s: per CPU second of the build"
-          f" process; tok ratio = trainer tokens per_request / prefix_merge; samples = trajectories per_request"
-          f" / prefix_merge)")
+            before = r.get(f"before/{strategy}")
+            for name in ("before", "f1", "linear"):
+                m = r.get(f"{name}/{strategy}")
+                if m is None:
+                    continue
+                per_cpu = r["calls"] / m["cpu_seconds"]
+                gain = f"{per_cpu / (r['calls'] / before['cpu_seconds']):.1f}" if before else "–"
+                ratio = (f"{r['token_ratio']:.2f} | {r['sample_ratio']:.2f}"
+                         if strategy == "prefix_merge" and name == "f1" else " | ")
+                out.append(f"| {r['turns']} | {r['sessions']} | {r['calls']} | {r['capture_mb']:.1f} | "
+                           f"{r['linear_mb']:.1f} | {name} | {strategy} | {r['calls'] / m['seconds']:.0f} | "
+                           f"{per_cpu:.0f} | {gain} | {r['capture_mb'] / m['cpu_seconds']:.0f} | "
+                           f"{m['rss_peak_mb']:.0f} | {ratio} |")
+    return out
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ _FIELDS = tuple(f.name for f in fields(CallRecord))
 _REQUIRED = frozenset(_FIELDS) - {"error", "flags"}
 _PROMPT_KEY = b'"prompt_ids":'
 _LINEAR = b'{"capture_version"'
+_REQUEST_KEY, _RESPONSE_KEY = b'"request":', b'"response":'
 RECENT_TEXTS = 4  # format-1 prompt texts a decoder compares a new line's prompt text against
 
 Payload = tuple[dict[str, Any], dict[str, Any] | None]
@@ -33,9 +34,10 @@ class CaptureDecoder:
         self.payloads: dict[str, Payload] = {}
         self._texts: deque[tuple[bytes, tuple[int, ...]]] = deque(maxlen=RECENT_TEXTS)  # (text less "]", ids)
 
-    def lines(self) -> Iterator[tuple[int, int, dict[str, Any], list[int] | None]]:
+    def lines(self, payload: bool = True) -> Iterator[tuple[int, int, dict[str, Any], list[int] | None]]:
         """(byte offset, line number, parsed object, prompt ids parsed from this line) per non-blank line.
-        A torn last line (the writer died mid-line: it lacks its newline) is skipped."""
+        A torn last line (the writer died mid-line: it lacks its newline) is skipped. payload=False: a
+        format-1 line's request may be left unparsed (None)."""
         offset = 0
         with open(self.path, "rb", buffering=1 << 20) as f:
             for lineno, line in enumerate(f, 1):
@@ -43,7 +45,7 @@ class CaptureDecoder:
                 if line.isspace():
                     continue
                 try:
-                    data, stored = self.parse(line)
+                    data, stored = self.parse(line, payload)
                 except json.JSONDecodeError as e:
                     if not line.endswith(b"\n"):
                         return
@@ -52,12 +54,19 @@ class CaptureDecoder:
                     raise ValueError(f"{self.path}:{lineno}: a record must be a JSON object")
                 yield start, lineno, data, stored
 
-    def parse(self, line: bytes) -> tuple[dict[str, Any], list[int] | None]:
-        """The parsed line and the prompt ids parsed from it (format 1: past a recent prompt's text)."""
+    def parse(self, line: bytes, payload: bool = True) -> tuple[dict[str, Any], list[int] | None]:
+        """The parsed line and the prompt ids parsed from it (format 1: past a recent prompt's text; with
+        payload=False, the request is cut out unparsed)."""
         key = -1 if line.startswith(_LINEAR) else line.find(_PROMPT_KEY)
         open_ = line.find(b"[", key, key + 20) if key >= 0 else -1
         close = line.find(b"]", open_) if open_ >= 0 else -1
-        data = loads_line(line[:open_] + b"null" + line[close + 1:]) if close >= 0 else None
+        data = None
+        if close >= 0:
+            rest = line[:open_] + b"null" + line[close + 1:]
+            try:
+                data = loads_line(rest if payload else _without_request(rest))
+            except json.JSONDecodeError:
+                data = None  # not valid once cut: parse the line as it is
         if (not isinstance(data, dict) or "prompt_ids" not in data or data["prompt_ids"] is not None
                 or line.find(_PROMPT_KEY, close) >= 0):
             data = loads_line(line)  # no array, or "prompt_ids" is not only the record's own: parse it all
@@ -144,6 +153,16 @@ class CaptureDecoder:
                 raise ValueError(f"call {call_id}: request key {key!r} is neither stored "
                                  f"nor in call {ref.call_id}'s request")
         return out
+
+
+def _without_request(line: bytes) -> bytes:
+    """A format-1 line with its request value replaced by null, uncut when it is not where the writer puts
+    it. Both keys are found as raw text, which a JSON string cannot hold unescaped; a nested "response" key
+    found instead of the record's own leaves unbalanced braces, which the parse then refuses."""
+    start, end = line.find(_REQUEST_KEY), line.rfind(_RESPONSE_KEY)
+    if start < 0 or end < start:
+        return line
+    return line[:start] + _REQUEST_KEY + b"null," + line[end:]
 
 
 def record_from_dict(data: dict[str, Any], stored: Any = None) -> CallRecord:

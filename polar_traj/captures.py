@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+from array import array
 from collections import OrderedDict, deque
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -24,7 +25,7 @@ from .records import CallRecord, record_path
 
 CAPTURE_VERSION = 2
 MIN_PREFIX = 32  # shorter shared prefixes are stored in full
-RECENT = 8  # records per session a writer compares a new record against
+RECENT = 4  # records per session a writer compares a new record against
 _FIELDS = tuple(f.name for f in fields(CallRecord))
 _OPTIONAL = frozenset({"error", "flags"})
 _REQUIRED = frozenset(_FIELDS) - _OPTIONAL
@@ -51,43 +52,48 @@ class Written:
 
     call_id: str
     api: str
-    tokens: tuple[int, ...]  # prompt_ids + output_ids
+    tokens: bytes  # prompt_ids + output_ids as native int32 (4 bytes an id: compared with memcmp)
     request: dict[str, Any]
 
 
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the longest common prefix of two id sequences (compared in C, block by block)."""
+def id_bytes(ids: Sequence[int]) -> bytes | None:
+    """Ids as int32 bytes, or None when one does not fit (such a record is never referred to)."""
+    try:
+        return array("i", ids).tobytes()
+    except (OverflowError, TypeError):
+        return None
+
+
+def common_prefix(a: bytes, b: bytes) -> int:
+    """Length in ids of the longest common prefix of two int32 id strings (memcmp, block by block)."""
     n = min(len(a), len(b))
     if a[:n] == b[:n]:
-        return n
-    lo, step = 0, 1024
-    while step:
+        return n // 4
+    lo, step = 0, 4096
+    while step >= 4:
         while lo + step <= n and a[lo:lo + step] == b[lo:lo + step]:
             lo += step
-        step //= 8
-    return lo
+        step //= 4
+    return lo // 4
 
 
-def _prefix_of(record: CallRecord, recent: Sequence[Written]) -> tuple[Written, int] | None:
-    """The remembered record whose tokens share the longest prefix with this prompt (the proxy's parent
+def _prefix_of(prompt: bytes, parent_call_id: str | None, recent: Sequence[Written]) -> tuple[Written, int] | None:
+    """The remembered record whose ids share the longest prefix with this prompt (the proxy's parent
     first, then newest first); None below MIN_PREFIX."""
-    prompt = record.prompt_ids
-    order = sorted(reversed(recent), key=lambda w: w.call_id != record.parent_call_id)
+    order = sorted(reversed(recent), key=lambda w: w.call_id != parent_call_id)
     best: tuple[Written, int] | None = None
     for w in order:
-        if min(len(prompt), len(w.tokens)) <= (best[1] if best else MIN_PREFIX - 1):
+        if min(len(prompt), len(w.tokens)) // 4 <= (best[1] if best else MIN_PREFIX - 1):
             continue  # cannot share more than the best so far
-        n = len(w.tokens)
-        if n <= len(prompt) and prompt[n - 1] == w.tokens[-1] and prompt[:n] == w.tokens:
-            k = n
-        else:
-            k = common_prefix(prompt, w.tokens)
+        k = len(w.tokens) // 4 if prompt.startswith(w.tokens) else common_prefix(prompt, w.tokens)
         if k > (best[1] if best else MIN_PREFIX - 1):
             best = (w, k)
     return best
 
 
 def _common_items(a: list[Any], b: list[Any]) -> int:
+    if len(a) >= len(b) and a[: len(b)] == b:
+        return len(b)
     n = 0
     for x, y in zip(a, b):
         if x is not y and x != y:
@@ -120,12 +126,13 @@ def request_delta(request: dict[str, Any], base: dict[str, Any]) -> tuple[dict[s
     return {"keys": list(request), "same": same, "extend": extend}, stored
 
 
-def encode_record(record: CallRecord, recent: Sequence[Written]) -> dict[str, Any]:
-    """The line of one record in the linear form, given the records already written to its file."""
+def encode_record(record: CallRecord, recent: Sequence[Written], prompt: bytes | None = None) -> dict[str, Any]:
+    """The line of one record in the linear form, given the records already written to its file.
+    `prompt`: its prompt_ids as id_bytes (None: the prompt is stored whole)."""
     line: dict[str, Any] = {"capture_version": CAPTURE_VERSION}
     for name in _FIELDS:
         line[name] = getattr(record, name)
-    prefix = _prefix_of(record, recent) if record.prompt_ids else None
+    prefix = _prefix_of(prompt, record.parent_call_id, recent) if prompt else None
     if prefix is not None:
         ref, n = prefix
         line = _insert_before(line, "prompt_ids", "prompt_prefix", {"call_id": ref.call_id, "length": n})
@@ -164,47 +171,56 @@ def _insert_before(line: dict[str, Any], key: str, new_key: str, value: Any) -> 
 
 class CaptureWriter:
     """Appends CallRecords to `<capture_dir>/<task_id>/<session_id>.jsonl` in the linear form. Each line is
-    flushed and fsynced before write() returns. It references only lines this writer wrote to that file
-    (a restarted proxy, or a session it forgot, starts again with a self-contained line)."""
+    flushed (and fsynced) before write() returns. It refers only to lines this writer wrote to that file
+    (a restarted proxy, or a session it forgot, starts again with a self-contained line) and remembers
+    the last `recent` records of at most `max_sessions` sessions (4 bytes an id, plus their requests)."""
 
     def __init__(self, capture_dir: str | os.PathLike, recent: int = RECENT, max_sessions: int = 1024,
                  fsync: bool = True) -> None:
         self.capture_dir = Path(capture_dir)
         self.recent, self.max_sessions, self.fsync = recent, max_sessions, fsync
-        self._sessions: OrderedDict[Path, tuple[deque[Written], list[int]]] = OrderedDict()
-        self._dirs: set[Path] = set()
+        self._sessions: OrderedDict[tuple[str, str], _SessionState] = OrderedDict()
 
     def write(self, record: CallRecord) -> Path:
-        path = record_path(self.capture_dir, record.task_id, record.session_id)
-        if path.parent not in self._dirs:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self._dirs.add(path.parent)
-        recent, size = self._state(path)
+        state = self._state(record.task_id, record.session_id)
+        prompt = id_bytes(record.prompt_ids)
         try:
-            with open(path, "ab") as f:
-                if f.tell() < size[0]:  # the file was replaced or cut: earlier lines are not there to refer to
-                    recent.clear()
-                f.write(dumps_line(encode_record(record, recent)) + b"\n")
+            with open(state.path, "ab") as f:
+                if f.tell() < state.size:  # the file was replaced or cut: earlier lines are not there to refer to
+                    state.recent.clear()
+                f.write(dumps_line(encode_record(record, state.recent, prompt)) + b"\n")
                 f.flush()
                 if self.fsync:
                     os.fsync(f.fileno())
-                size[0] = f.tell()
+                state.size = f.tell()
         except BaseException:
-            self._sessions.pop(path, None)
+            self._sessions.pop((record.task_id, record.session_id), None)
             raise
-        recent.append(Written(record.call_id, record.api, record.prompt_ids + record.output_ids, record.request))
-        return path
+        output = id_bytes(record.output_ids)
+        if prompt is not None and output is not None:
+            state.recent.append(Written(record.call_id, record.api, prompt + output, record.request))
+        return state.path
 
     def forget(self, task_id: str, session_id: str) -> None:
         """Drop what this writer remembers of a session (it ended); later lines start self-contained."""
-        self._sessions.pop(record_path(self.capture_dir, task_id, session_id), None)
+        self._sessions.pop((task_id, session_id), None)
 
-    def _state(self, path: Path) -> tuple[deque[Written], list[int]]:
-        state = self._sessions.get(path)
-        if state is None:
-            state = self._sessions[path] = (deque(maxlen=self.recent), [0])
-            while len(self._sessions) > self.max_sessions:
-                self._sessions.popitem(last=False)
-        else:
-            self._sessions.move_to_end(path)
+    def _state(self, task_id: str, session_id: str) -> "_SessionState":
+        key = (task_id, session_id)
+        state = self._sessions.get(key)
+        if state is not None:
+            self._sessions.move_to_end(key)
+            return state
+        path = record_path(self.capture_dir, task_id, session_id)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        state = self._sessions[key] = _SessionState(path, deque(maxlen=self.recent))
+        while len(self._sessions) > self.max_sessions:
+            self._sessions.popitem(last=False)
         return state
+
+
+@dataclass
+class _SessionState:
+    path: Path
+    recent: deque[Written]
+    size: int = 0  # the file's size after this writer's last line

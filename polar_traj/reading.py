@@ -84,7 +84,7 @@ def read_session(sf: SessionFile, payloads: bool = False, strict: bool = True) -
     session = Session(sf, [])
     decoder = CaptureDecoder(sf.path)
     seen: set[str] = set()
-    for offset, lineno, data, stored in decoder.lines():
+    for offset, lineno, data, stored in decoder.lines(payloads):
         try:
             record = decoder.decode(data, payload=payloads, stored=stored)
             problems = validate(record, sf, seen, stored if type(stored) is list else None)

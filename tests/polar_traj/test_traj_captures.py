@@ -149,6 +149,24 @@ def test_format1_prompt_text_elsewhere_in_the_line_is_not_taken_for_the_prompt(c
     assert list(read_capture(path)) == [a, b]
 
 
+@pytest.mark.parametrize("separators", [(",", ":"), (", ", ": ")])
+def test_format1_payloads_read_back_whatever_their_keys(capture, make_record, separators):
+    """Without payloads a format-1 line's request is skipped unparsed; keys named like record fields inside
+    the request or response must not confuse that."""
+    request = {"messages": [{"role": "user", "content": 'say "response": 1'}], "response": {"request": 2}}
+    response = {"type": "response.completed", "response": {"id": "r", "output": [], "request": None}}
+    records = [make_record(list(range(1, 60)) + [n], [3, 99], call_id=f"c{n}", request=request, response=response)
+               for n in range(3)]
+    path = capture / "task" / "sess.jsonl"
+    path.parent.mkdir(parents=True)
+    path.write_text("".join(json.dumps(json.loads(r.to_json()), separators=separators) + "\n" for r in records))
+    (sf,) = scan(capture)
+    session = read_session(sf)
+    assert [r.prompt_ids for r in session.records] == [r.prompt_ids for r in records]
+    assert session.records[0].request == {} and session.payload("c2") == (request, response)
+    assert read_session(sf, payloads=True).records == records
+
+
 ids = st.lists(st.integers(0, 50), max_size=12)
 
 
