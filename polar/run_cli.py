@@ -1,4 +1,5 @@
-"""`polar run`: one harness session end to end (adapters/*.yaml), its trajectories and a summary."""
+"""`polar run`: one harness session end to end (adapters/*.yaml), its trajectories and a summary; with --task, one
+scored sample of a task file (docs/tasks.md): the evaluator's reward and the status in its trajectories."""
 from __future__ import annotations
 
 import argparse
@@ -17,8 +18,11 @@ DEFAULT_MODEL = ROOT / "fixtures" / "tiny-qwen2"
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="run one harness session through the proxy and build its trajectories",
                        description=__doc__)
-    p.add_argument("--adapter", required=True, help=f"adapter name ({', '.join(available())}) or a YAML file")
-    p.add_argument("--instruction", required=True, help="the task given to the harness")
+    p.add_argument("--adapter", help=f"adapter name ({', '.join(available())}) or a YAML file "
+                                     "(with --task: default the task's own)")
+    p.add_argument("--instruction", help="the task given to the harness (not with --task)")
+    p.add_argument("--task", type=Path, help="task file (YAML or JSONL, docs/tasks.md): run one scored sample")
+    p.add_argument("--image", help="with --task: use this image (SIF, sandbox directory or `host`) instead of the task's")
     p.add_argument("--via", default="https_proxy", choices=WAYS_IN, help="way in to the proxy")
     engine = p.add_mutually_exclusive_group()
     engine.add_argument("--policy", type=Path, help="scripted policy for the reference server started here")
@@ -42,7 +46,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     reuse.add_argument("--proxy-ca", type=Path, help="its CA (default: CONFDIR/mitmproxy-ca-cert.pem)")
     reuse.add_argument("--capture-dir", type=Path, help="its --capture-dir")
     reuse.add_argument("--sessions", default="open", help="its --sessions: 'open' or the redis:// URL")
-    reuse.add_argument("--task-id", default="local", help="task id of the registered session (redis)")
+    reuse.add_argument("--task-id", help="with --task: which task of the file; else the task id of the registered "
+                                         "session (redis; default local)")
     p.set_defaults(func=run)
 
 
@@ -70,6 +75,13 @@ def reused_proxy(args: argparse.Namespace) -> ProxyHandle | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.task is not None:
+        from polar.task_cli import run_task
+
+        return run_task(args)
+    if not (args.adapter and args.instruction):
+        print("polar run: --adapter and --instruction are required (or give --task FILE)", file=sys.stderr)
+        return 2
     from polar.runner import EngineConfig, RunConfig, run_session
     from polar.runtime import SandboxError, resolve_runtime
     from polar.services import ServiceError
@@ -82,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     out = args.out or Path("runs") / f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     cfg = RunConfig(spec, args.instruction, out.resolve(), args.via, args.runtime, args.timeout, args.model_name,
-                    args.workdir.resolve() if args.workdir else None, args.task_id,
+                    args.workdir.resolve() if args.workdir else None, args.task_id or "local",
                     confdir=args.confdir.expanduser())
     engine = EngineConfig(args.model.resolve(), args.backend, args.engine,
                           args.policy.resolve() if args.policy else None, args.context_length)

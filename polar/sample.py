@@ -27,7 +27,7 @@ from typing import Any, Iterator
 
 from polar.adapters import AdapterSpec, load_adapter
 from polar.runner import (DEFAULT_CONFDIR, TOOLS_BIN, EngineConfig, HarnessSetup, capture_files,
-                          changed_since_start, exec_harness, make_run_folder, render_harness, shared_dir,
+                          changed_since_start, exec_harness, render_harness, shared_dir,
                           start_services, write_ca)
 from polar.runtime import Mounts, Sandbox, get_runtime, resolve_runtime
 from polar.services import ProxyHandle, Session, new_session
@@ -130,7 +130,8 @@ def prepare_sample(cfg: SampleConfig, engine: EngineConfig, proxy: ProxyHandle) 
     out = cfg.out.resolve()
     if out.exists() and set(p.name for p in out.iterdir()) - {SERVICES}:
         raise ValueError(f"sample folder {out} exists and is not empty: each sample gets a fresh one")
-    make_run_folder(out)
+    for d in ("home", "workspace", "logs"):
+        (out / d).mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     shared, temporary = shared_dir(out)
     state: dict[str, Any] = {

@@ -2,7 +2,9 @@
 the server then teacher-forces through the model. Format: docs/reference-server.md."""
 from __future__ import annotations
 
+import hashlib
 import json
+import random
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,7 +15,9 @@ import yaml
 from polar_serve.prompt_view import PromptView
 
 PLACEHOLDER = re.compile(r"\{(last_user|tool:[^{}\s]+)\}")
-RULE_KEYS = {"name", "when", "reply", "think", "content", "tool_calls"}
+RULE_KEYS = {"name", "when", "reply", "think", "content", "tool_calls", "choose"}
+REPLY_KEYS = {"reply", "think", "content", "tool_calls"}
+CHOICE_KEYS = REPLY_KEYS | {"name", "weight"}
 CALL_KEYS = {"name", "arguments", "arguments_for"}
 
 
@@ -74,6 +78,21 @@ class Rule:
     think: str | None = None
     content: str = ""
     tool_calls: tuple[ToolCallSpec, ...] = ()
+    choices: tuple[tuple[float, Rule], ...] = ()  # `choose:` (weight, reply) pairs, picked by a seeded draw
+
+    def pick(self, view: PromptView, seed: int | None) -> Rule:
+        """This rule, or for a `choose:` rule the reply a seeded draw picks: seeded from the request's `seed`
+        when it has one, else from the conversation's first turns (the session: harnesses put the workspace
+        path there), so a session keeps its choice from call to call and sessions of one task differ."""
+        if not self.choices:
+            return self
+        key = f"{self.name}\0{seed}" if seed is not None else f"{self.name}\0{session_key(view)}"
+        draw = random.Random(hashlib.sha256(key.encode()).digest()).random() * sum(w for w, _ in self.choices)
+        for weight, choice in self.choices:
+            draw -= weight
+            if draw < 0:
+                return choice
+        return self.choices[-1][1]
 
     def render(self, view: PromptView) -> str:
         """The reply text, rendered the way the chat template renders an assistant turn. Raises NoMatch."""
@@ -96,16 +115,24 @@ class Rule:
 class Policy:
     rules: tuple[Rule, ...]
 
-    def reply_for(self, view: PromptView) -> tuple[str, str] | None:
-        """(rule name, reply text) of the first rule that matches, or None."""
+    def reply_for(self, view: PromptView, seed: int | None = None) -> tuple[str, str] | None:
+        """(rule name, reply text) of the first rule that matches, or None. A `choose:` rule's name gets the
+        chosen reply's name appended (`rule/choice`)."""
         for rule in self.rules:
             if not rule.when.matches(view):
                 continue
+            chosen = rule.pick(view, seed)
             try:
-                return rule.name, rule.render(view)
+                text = chosen.render(view)
             except NoMatch:
                 continue
+            return (rule.name if chosen is rule else f"{rule.name}/{chosen.name}"), text
         return None
+
+
+def session_key(view: PromptView) -> str:
+    """The conversation's opening (system turn and first user turn): stable for the whole session."""
+    return "\0".join(f"{t.role}:{t.content}" for t in view.turns[:2])
 
 
 def _pick(names: tuple[str, ...], view: PromptView) -> str:
@@ -203,18 +230,51 @@ def parse_rule(data: Any, index: int) -> Rule:
     unknown = set(data) - RULE_KEYS
     if unknown:
         raise ValueError(f"{where}: unknown key(s) {sorted(unknown)}; known: {sorted(RULE_KEYS)}")
+    name = data.get("name", f"rule-{index}")
+    if not isinstance(name, str):
+        raise ValueError(f"{where}.name: expected a string, got {name!r}")
+    when = parse_when(data.get("when"), f"{where}.when")
+    if "choose" in data:
+        if REPLY_KEYS & set(data):
+            raise ValueError(f"{where}: give either `choose` or a reply (`reply`/`think`/`content`/`tool_calls`)")
+        return Rule(name, when, choices=_parse_choices(data["choose"], f"{where}.choose"))
+    return _parse_reply(data, name, when, where)
+
+
+def _parse_choices(data: Any, where: str) -> tuple[tuple[float, Rule], ...]:
+    if not isinstance(data, list) or not data:
+        raise ValueError(f"{where}: expected a non-empty list of {{weight, reply…}}")
+    choices = []
+    for i, item in enumerate(data):
+        at = f"{where}[{i}]"
+        if not isinstance(item, dict):
+            raise ValueError(f"{at}: expected a mapping, got {item!r}")
+        unknown = set(item) - CHOICE_KEYS
+        if unknown:
+            raise ValueError(f"{at}: unknown key(s) {sorted(unknown)}; known: {sorted(CHOICE_KEYS)}")
+        weight = item.get("weight")
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight > 0 or weight == float("inf"):
+            raise ValueError(f"{at}.weight: expected a positive number, got {weight!r}")
+        name = item.get("name", f"choice-{i}")
+        if not isinstance(name, str):
+            raise ValueError(f"{at}.name: expected a string, got {name!r}")
+        choices.append((float(weight), _parse_reply(item, name, When(), at)))
+    return tuple(choices)
+
+
+def _parse_reply(data: dict[str, Any], name: str, when: When, where: str) -> Rule:
     structured = {"think", "content", "tool_calls"} & set(data)
     if ("reply" in data) == bool(structured):
         raise ValueError(f"{where}: give either `reply` or some of `think`/`content`/`tool_calls`")
-    for key in ("name", "reply", "think", "content"):
+    for key in ("reply", "think", "content"):
         if key in data and not isinstance(data[key], str):
             raise ValueError(f"{where}.{key}: expected a string, got {data[key]!r}")
     calls = data.get("tool_calls", [])
     if not isinstance(calls, list):
         raise ValueError(f"{where}.tool_calls: expected a list")
     return Rule(
-        name=data.get("name", f"rule-{index}"),
-        when=parse_when(data.get("when"), f"{where}.when"),
+        name=name,
+        when=when,
         reply=data.get("reply"),
         think=data.get("think"),
         content=data.get("content", ""),

@@ -1,0 +1,57 @@
+"""`polar run --task FILE [--task-id ID]`: one scored sample of a task (polar.sample.run_sample), printed as the
+run summary plus status, reward and the evaluator's output; trajectories.parquet in the sample folder."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from polar.adapters import AdapterError, load_adapter
+
+
+def run_task(args: argparse.Namespace) -> int:
+    from polar.run_cli import reused_proxy
+    from polar.runner import EngineConfig
+    from polar.sample import SampleConfig, outcome_summary, run_sample
+    from polar.services import ServiceError
+    from polar.tasks import TaskError, load_tasks, select_task
+
+    if args.instruction or args.workdir:
+        print("polar run: --instruction and --workdir come from the task file with --task", file=sys.stderr)
+        return 2
+    try:
+        task = select_task(load_tasks(args.task), args.task_id, args.task)
+        if args.image:
+            image = args.image if args.image == "host" else str(Path(args.image).resolve())
+            task = dataclasses.replace(task, image=image)
+        adapter_name = args.adapter or task.adapter
+        if not adapter_name:
+            raise ValueError(f"task {task.task_id} names no adapter: pass --adapter")
+        spec = load_adapter(adapter_name)
+        proxy = reused_proxy(args)
+    except (TaskError, AdapterError, ValueError) as e:
+        print(f"polar run: {e}", file=sys.stderr)
+        return 2
+    sample_id = f"{task.task_id}-{uuid.uuid4().hex[:8]}"[-128:]
+    out = (args.out or Path("runs") / f"{task.task_id}-{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
+    cfg = SampleConfig(task, spec, out, sample_id, task.task_id, args.runtime, args.via, args.model_name,
+                       confdir=args.confdir.expanduser())
+    engine = EngineConfig(args.model.resolve(), args.backend, args.engine,
+                          args.policy.resolve() if args.policy else None, args.context_length)
+    try:
+        result = run_sample(cfg, engine, proxy)
+    except (ServiceError, ValueError, OSError) as e:
+        print(f"polar run: {e}", file=sys.stderr)
+        return 2
+    t = result.timings
+    print(f"polar run: task {task.task_id}, {spec.name} via {args.via} ({result.runtime}): "
+          f"{result.calls} calls, prepare {t.get('prepare_s', 0):.1f}s, harness {t.get('run_s', 0):.1f}s, "
+          f"evaluate {t.get('evaluate_s', 0):.1f}s")
+    for line in outcome_summary(result):
+        print(f"  {line}")
+    print(f"  trajectories: {result.trajectories or 'none (no LLM call recorded)'}")
+    print(f"  sample folder: {out}")
+    return 0 if result.status == "completed" else 124 if result.status == "timeout" else 1
