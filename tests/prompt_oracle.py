@@ -4,10 +4,12 @@ the harness sent?
 It reads only the raw provider request kept in the record (`record["request"]`), never polar_mitm's codecs or
 prompt code, and checks that every text the harness sent (system prompts and instructions, user text, tool
 results, assistant text and tool-call names) appears in `tokenizer.decode(prompt_ids)`, line by line, in the
-order sent. System prompts come first (the proxy hoists every system/developer prompt into one leading system
-message), then each offered tool's name and description (raw or JSON-escaped), then the turns in order. Whitespace is normalised per line, so a template may re-indent. Reasoning
-(thinking blocks, reasoning items, thought parts) is not required: a harness may send it or drop it. For an
-OpenAI Chat call rendered from scratch (not substituted) whose request has no reasoning artefacts, the
+order sent: top-level system prompts and instructions first, then each offered tool's name and description
+(raw or JSON-escaped), then the turns. A system/developer prompt inside the conversation may stay in its place
+or be hoisted into the leading system message, still in order (the Chat and Responses codecs hoist them, the
+Anthropic codec keeps Claude Code's in place). Whitespace is normalised per line, so a template may re-indent.
+Reasoning (thinking blocks, reasoning items, thought parts) is not required: a harness may send it or drop it.
+For an OpenAI Chat call rendered from scratch (not substituted) whose request has no reasoning artefacts, the
 prompt must also equal the model's chat template applied to the request's own messages and tools.
 """
 from __future__ import annotations
@@ -23,6 +25,7 @@ class Sent:
 
     where: str
     forms: tuple[str, ...]
+    system: bool = False  # a system/developer prompt inside the conversation: in place, or hoisted to the head
 
 
 @dataclass(frozen=True)
@@ -43,8 +46,18 @@ def assert_prompt_faithful(record: Any, tokenizer: Any) -> None:
     request = READERS[rec["api"]](rec["request"])
     prompt = _normalise(tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False))
     cursor = 0
-    for sent in request.system + request.tools + request.turns:
+    for sent in request.system:
         cursor = _find(prompt, sent, cursor, where)
+    head = cursor  # where system prompts hoisted out of the conversation continue, in order
+    for sent in request.tools:
+        cursor = _find(prompt, sent, cursor, where)
+    turns_start = cursor
+    for sent in request.turns:
+        hoisted = _search(prompt[:turns_start], sent, head) if sent.system else None
+        if hoisted is not None:
+            head = hoisted
+        else:
+            cursor = _find(prompt, sent, cursor, where)
     if rec["api"] == "openai_chat" and rec["prefix_source"].startswith("rendered"):
         _assert_equals_chat_template(rec["request"], ids, tokenizer, where)
 
@@ -60,28 +73,44 @@ def _normalise(text: str) -> str:
     return "\n".join(_lines(text))
 
 
-def _find(prompt: str, sent: Sent, cursor: int, where: str) -> int:
-    """Position after the last line of `sent`, found in order from `cursor`; AssertionError if missing."""
-    missing = ""
+def _search(prompt: str, sent: Sent, cursor: int) -> int | None:
+    """Position after the last line of one of `sent`'s forms, its lines found in order from `cursor`."""
     for form in sent.forms:
         at = cursor
         for line in _lines(form):
             found = prompt.find(line, at)
             if found < 0:
-                missing = line
                 break
             at = found + len(line)
         else:
             return at
+    return None
+
+
+def _find(prompt: str, sent: Sent, cursor: int, where: str) -> int:
+    at = _search(prompt, sent, cursor)
+    if at is not None:
+        return at
+    at, missing = cursor, ""
+    for line in _lines(sent.forms[0]):  # name the first line of the raw form that is missing
+        found = prompt.find(line, at)
+        if found < 0:
+            missing = line
+            break
+        at = found + len(line)
     raise AssertionError(
         f"{where}: {sent.where} is not in the prompt in the order sent: line {missing[:200]!r} is missing after "
-        f"prompt offset {cursor}; the prompt from there: {prompt[cursor:cursor + 400]!r}")
+        f"prompt offset {at}; the prompt from there: {prompt[at:at + 400]!r}")
 
 
 def _text(where: str, text: Any) -> list[Sent]:
     if not isinstance(text, str):
         raise ValueError(f"{where}: expected a string, got {type(text).__name__}")
     return [Sent(where, (text,))] if text.strip() else []
+
+
+def _in_conversation_system(texts: list[Sent]) -> list[Sent]:
+    return [Sent(s.where, s.forms, system=True) for s in texts]
 
 
 def _part_texts(content: Any, where: str) -> list[Sent]:
@@ -112,16 +141,16 @@ def _tool(where: str, spec: dict[str, Any]) -> list[Sent]:
 
 
 def read_openai_chat(body: dict[str, Any]) -> Request:
-    system, turns = [], []
+    turns: list[Sent] = []
     for i, m in enumerate(body["messages"]):
         at = f"messages[{i}] ({m['role']})"
         texts = _part_texts(m.get("content"), f"{at}.content")
-        (system if m["role"] in ("system", "developer") else turns).extend(texts)
+        turns += _in_conversation_system(texts) if m["role"] in ("system", "developer") else texts
         for j, call in enumerate(m.get("tool_calls") or []):
             turns += _text(f"{at}.tool_calls[{j}].name", call["function"]["name"])
     tools = [_tool(f"tools[{i}]", t["function"]) for i, t in enumerate(body.get("tools") or [])
              if t.get("type") == "function"]
-    return Request(system, sum(tools, []), turns)
+    return Request([], sum(tools, []), turns)
 
 
 def read_openai_responses(body: dict[str, Any]) -> Request:
@@ -134,7 +163,7 @@ def read_openai_responses(body: dict[str, Any]) -> Request:
         kind, at = item.get("type", "message"), f"input[{i}]"
         if kind == "message":
             texts = _part_texts(item.get("content"), f"{at} ({item['role']}).content")
-            (system if item["role"] in ("system", "developer") else turns).extend(texts)
+            turns += _in_conversation_system(texts) if item["role"] in ("system", "developer") else texts
         elif kind in ("function_call", "custom_tool_call"):
             turns += _text(f"{at}.name", item["name"])
         elif kind in ("function_call_output", "custom_tool_call_output"):
@@ -155,8 +184,8 @@ def read_anthropic(body: dict[str, Any]) -> Request:
     turns: list[Sent] = []
     for i, m in enumerate(body["messages"]):
         at = f"messages[{i}] ({m['role']})"
-        target = system if m["role"] == "system" else turns
-        _anthropic_blocks(m.get("content"), at, target)
+        texts = _anthropic_blocks(m.get("content"), at, [])
+        turns += _in_conversation_system(texts) if m["role"] == "system" else texts
     tools = [s for i, t in enumerate(body.get("tools") or []) if t.get("type") in (None, "custom")
              for s in _tool(f"tools[{i}]", t)]
     return Request(system, tools, turns)
