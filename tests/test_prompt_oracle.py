@@ -29,7 +29,8 @@ CHAT = {"model": "tiny", "tools": [SHELL], "messages": [
     {"role": "system", "content": "You are a coding agent.\n  Keep answers short."},
     {"role": "user", "content": "Create polar.txt"},
     {"role": "assistant", "content": "I will write it.", "tool_calls": [
-        {"id": "call_1", "type": "function", "function": {"name": "shell", "arguments": '{"command":"echo polar > polar.txt"}'}}]},
+        {"id": "call_1", "type": "function",
+         "function": {"name": "shell", "arguments": '{"command":"echo polar > polar.txt"}'}}]},
     {"role": "tool", "tool_call_id": "call_1", "content": "written\nexit code 0"},
     {"role": "assistant", "content": "Done."},
     {"role": "user", "content": "Now check it."},

@@ -44,7 +44,7 @@ def test_claude_code_request():
     assert system.content == ("You are Claude Code, Anthropic's official CLI for Claude.\n\n"
                               "You are an interactive CLI tool that helps users with software engineering tasks.")
     assert user.role == "user" and user.content.endswith("</system-reminder>\n\nFix the failing test in test_math.py")
-    # a real Anthropic signature (not ours): the thinking text is the reasoning
+    # a signature Polar did not make (a hand-written stand-in for Anthropic's): the thinking text is the reasoning
     assert turn == Message(
         "assistant", "I'll run the tests first.",
         "The user wants the failing test fixed. I should run the tests to see which one fails.",

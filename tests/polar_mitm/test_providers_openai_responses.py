@@ -42,7 +42,7 @@ def test_codex_request():
     assert system.content.endswith("Approval policy: never.\n</permissions instructions>")
     assert env.content.startswith("<environment_context>")
     assert prompt == Message("user", "Fix the failing test in test_math.py")
-    # the encrypted_content is a real provider's (not ours): the summary is the reasoning
+    # an encrypted_content Polar did not make (a hand-written stand-in for a provider's): the summary is the reasoning
     assert turn == Message(
         "assistant", "", "**Running the tests**\n\nI will run the test suite first.",
         (ToolCall("call_Ab12Cd34", "shell", '{"command": ["bash", "-lc", "pytest -q"], "workdir": "/work/task"}'),),
