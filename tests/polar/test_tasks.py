@@ -1,0 +1,92 @@
+"""Task files (polar/tasks.py): the demo tasks load; every malformed field is one line naming file, line, field."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from polar.tasks import TaskError, load_tasks, select_task
+
+ROOT = Path(__file__).resolve().parents[2]
+DEMO = ROOT / "fixtures" / "tasks" / "tasks.yaml"
+
+GOOD = """\
+- task_id: t1
+  instruction: Fix it.
+  workspace: repo
+  image: img
+  evaluator: {command: python3 -m pytest -q}
+"""
+
+
+def test_demo_tasks_load() -> None:
+    tasks = load_tasks(DEMO)
+    assert [t.task_id for t in tasks] == ["fix-calc", "fix-greet", "fix-wordcount"]
+    calc = tasks[0]
+    assert calc.workspace == DEMO.parent / "calc" and (calc.workspace / "tests" / "test_calc.py").is_file()
+    assert calc.image == str((ROOT / ".cache" / "images" / "polar-tasks" / "rootfs").resolve())
+    assert calc.evaluator.kind == "command" and calc.evaluator.reward == "exit" and calc.evaluator.timeout_s == 60
+    assert calc.timeout_s == 120 and calc.session_timeout_s > calc.timeout_s
+    assert dict(calc.metadata) == {"repo": "calc", "difficulty": "trivial"}
+    assert select_task(tasks, "fix-greet", DEMO).task_id == "fix-greet"
+    with pytest.raises(TaskError, match="pick one with --task-id"):
+        select_task(tasks, None, DEMO)
+
+
+def test_round_trip_through_json(tmp_path: Path) -> None:
+    from polar.tasks import TaskSpec
+
+    for task in load_tasks(DEMO):
+        assert TaskSpec.from_dict(task.to_dict()) == task
+
+
+def test_jsonl_and_relative_paths(tmp_path: Path) -> None:
+    (tmp_path / "repo").mkdir()
+    f = tmp_path / "tasks.jsonl"
+    f.write_text('{"task_id": "a", "instruction": "x", "workspace": "repo", "evaluator": {"files": {"out.txt": "hi\\n"}}}\n'
+                 '\n{"task_id": "b", "instruction": "y", "evaluator": {"python": "pkg.mod:score"}, "image": "host"}\n')
+    a, b = load_tasks(f)
+    assert a.workspace == tmp_path / "repo" and a.image == "host" and dict(a.evaluator.files) == {"out.txt": "hi\n"}
+    assert b.evaluator.python == "pkg.mod:score" and b.workspace is None
+
+
+# (text replacing part of GOOD or a whole file, line, field named in the message)
+BAD = [
+    (GOOD.replace("task_id: t1", "task_id: -bad"), 1, "task_id"),
+    (GOOD.replace("  instruction: Fix it.\n", ""), 1, "instruction"),
+    (GOOD.replace("  instruction: Fix it.", "  instruction: ''"), 2, "instruction"),
+    (GOOD.replace("workspace: repo", "workspace: nowhere"), 3, "workspace"),
+    (GOOD + "  timeout_s: -5\n", 6, "timeout_s"),
+    (GOOD + "  timeout_s: 100\n  session_timeout_s: 50\n", 7, "session_timeout_s"),
+    (GOOD + "  metadata: [1, 2]\n", 6, "metadata"),
+    (GOOD + "  colour: blue\n", 6, "colour"),
+    (GOOD.replace("{command: python3 -m pytest -q}", "{command: x, files: {a: b}}"), 5, "evaluator"),
+    (GOOD.replace("{command: python3 -m pytest -q}", "{command: x, reward: maybe}"), 5, "evaluator.reward"),
+    (GOOD.replace("{command: python3 -m pytest -q}", "{python: not-a-target}"), 5, "evaluator.python"),
+    (GOOD.replace("{command: python3 -m pytest -q}", "{files: {/etc/passwd: x}}"), 5, "evaluator.files"),
+    (GOOD.replace("{command: python3 -m pytest -q}", "{command: x, timeout_s: 0}"), 5, "evaluator.timeout_s"),
+    (GOOD + GOOD, 6, "task_id"),  # the same id twice: the second one is named
+    ("- task_id: [unclosed\n", 2, "yaml"),
+]
+
+
+@pytest.mark.parametrize("text,line,field", BAD, ids=[f"{b[2]}-{i}" for i, b in enumerate(BAD)])
+def test_bad_task_file_names_file_line_field(tmp_path: Path, text: str, line: int, field: str) -> None:
+    (tmp_path / "repo").mkdir()
+    f = tmp_path / "tasks.yaml"
+    f.write_text(text)
+    with pytest.raises(TaskError) as err:
+        load_tasks(f)
+    message = str(err.value)
+    assert "\n" not in message
+    assert message.startswith(f"{f}:{line}: {field}: "), message
+
+
+def test_bad_jsonl_line_is_named(tmp_path: Path) -> None:
+    f = tmp_path / "tasks.jsonl"
+    f.write_text('{"task_id": "a", "instruction": "x", "evaluator": {"command": "true"}}\n{"task_id": "b",\n')
+    with pytest.raises(TaskError, match=rf"^{f}:2: json: "):
+        load_tasks(f)
+    f.write_text('{"task_id": "a", "instruction": "x", "evaluator": {"command": "true"}, "timeout_s": "soon"}\n')
+    with pytest.raises(TaskError, match=rf"^{f}:1: timeout_s: expected a positive number"):
+        load_tasks(f)
