@@ -17,6 +17,8 @@ bash scripts/setup_redis.sh
 step "apptainer (relocated)"
 bash scripts/install_apptainer.sh
 
+step "task image (Debian packages via mmdebstrap, cached)"; bash scripts/build_image.sh
+
 step "harness CLIs (npm, pinned)"
 bash scripts/install_harnesses.sh
 
