@@ -1,11 +1,8 @@
 """Polar's mitmproxy addon: `mitmdump -s polar_mitm/addon.py --set polar_tokenizer=DIR …`.
 
-Order matters: refusal first, then session identity, then routing/rewrite, capture last.
+One addon (polar_mitm/pipeline.py) runs the stages in order — egress backstop, refusal, session identity,
+routing/rewrite, capture — and fails closed when any of them raises.
 """
-from polar_mitm.auth import SessionAuth
-from polar_mitm.capture import Capture
-from polar_mitm.guard import Guard
-from polar_mitm.router import Router
+from polar_mitm.pipeline import Polar
 
-capture = Capture()
-addons = [Guard(), SessionAuth(), Router(capture), capture]
+addons = [Polar()]

@@ -1,4 +1,7 @@
-"""Session identity: maps each flow's credentials to a registered rollout session (DESIGN.md §2)."""
+"""Session identity: maps each flow's credentials to a registered rollout session (DESIGN.md §2).
+
+A routed flow leaves this addon with a session or with a local answer (407/401, or 503 when the session store
+cannot be asked), and without its credential headers, whatever the credentials hold."""
 from __future__ import annotations
 
 import logging
@@ -9,7 +12,8 @@ from mitmproxy.exceptions import OptionsError
 from polar_mitm.guard import is_base_url_mode
 from polar_mitm.replies import error_response
 from polar_mitm.sessions import (
-    Credentials, OpenSessions, Session, SessionStore, api_key_credentials, parse_sessions_spec, proxy_credentials, session_hint,
+    Credentials, OpenSessions, RedisSessions, Session, SessionStoreError, api_key_credentials, parse_sessions_spec,
+    proxy_credentials, session_hint,
 )
 
 SECRET_HEADERS = ("authorization", "x-api-key", "x-goog-api-key", "proxy-authorization", "cookie")
@@ -18,8 +22,9 @@ log = logging.getLogger(__name__)
 
 class SessionAuth:
     def __init__(self) -> None:
-        self.store: SessionStore = OpenSessions()
-        self.by_conn: dict[str, Session] = {}  # proxy mode: CONNECT credentials hold for the whole tunnel
+        self.store: OpenSessions | RedisSessions = OpenSessions()
+        # proxy mode: the CONNECT's credentials, checked again on every request of the tunnel
+        self.by_conn: dict[str, Credentials] = {}
 
     def load(self, loader) -> None:
         loader.add_option(
@@ -34,46 +39,55 @@ class SessionAuth:
             except ValueError as e:
                 raise OptionsError(f"polar_sessions: {e}") from e
 
-    def http_connect(self, flow: http.HTTPFlow) -> None:
+    async def http_connect(self, flow: http.HTTPFlow) -> None:
         if flow.response:
             return
         creds = proxy_credentials(flow.request.headers.get("proxy-authorization"))
-        session = self.store.lookup(creds, None) if creds else None
-        if session is None and not isinstance(self.store, OpenSessions):
+        if creds is None and isinstance(self.store, OpenSessions):
+            return
+        try:
+            session = await self.store.lookup(creds, None) if creds else None
+        except SessionStoreError as e:
+            log.error("polar: %s", e)
+            flow.response = http.Response.make(503, b"polar: session store unavailable\n", {"content-type": "text/plain"})
+            return
+        if session is None:
             flow.response = http.Response.make(
                 407, b"polar: proxy credentials http://<session>:<token>@host:port required\n",
                 {"proxy-authenticate": 'Basic realm="polar"', "content-type": "text/plain"},
             )
             return
-        if session is not None:
-            self.by_conn[flow.client_conn.id] = session
+        self.by_conn[flow.client_conn.id] = creds
 
     def client_disconnected(self, client: connection.Client) -> None:
         self.by_conn.pop(client.id, None)
 
-    def request(self, flow: http.HTTPFlow) -> None:
+    async def request(self, flow: http.HTTPFlow) -> None:
         if flow.response or "polar_route" not in flow.metadata:
             return
         headers = {k.lower(): v for k, v in flow.request.headers.items()}
-        session = self._resolve(flow, headers)
         for name in SECRET_HEADERS:
             flow.request.headers.pop(name, None)
+        api = flow.metadata["polar_route"].api  # Guard matched the route: answer in its provider's shape
+        try:
+            session = await self._resolve(flow, headers)
+        except SessionStoreError as e:
+            log.error("polar: %s", e)
+            flow.response = error_response(api, 503, "polar: session store unavailable", "overloaded_error")
+            return
         if session is None:
             status = 401 if is_base_url_mode(flow) else 407
-            api = flow.metadata["polar_route"].api  # Guard matched the route: answer in its provider's shape
             flow.response = error_response(api, status, "polar: unknown session credentials")
             return
         flow.metadata["polar_session"] = session
 
-    def _resolve(self, flow: http.HTTPFlow, headers: dict[str, str]) -> Session | None:
+    async def _resolve(self, flow: http.HTTPFlow, headers: dict[str, str]) -> Session | None:
         hint = session_hint(headers)
         if not is_base_url_mode(flow):
-            if flow.client_conn.id in self.by_conn:
-                return self.by_conn[flow.client_conn.id]
-            creds = proxy_credentials(headers.get("proxy-authorization"))  # absolute-form plain HTTP
+            creds = self.by_conn.get(flow.client_conn.id) or proxy_credentials(headers.get("proxy-authorization"))
             if creds:
-                return self.store.lookup(creds, hint)
+                return await self.store.lookup(creds, hint)
         creds = api_key_credentials(headers, flow.request.url)
         if creds is None and not isinstance(self.store, OpenSessions):
             return None
-        return self.store.lookup(creds or Credentials(None, None), hint)
+        return await self.store.lookup(creds or Credentials(None, None), hint)

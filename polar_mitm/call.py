@@ -29,6 +29,8 @@ class Call:
     output: EngineOutput = field(default_factory=EngineOutput)
     detok: Detokenizer | None = None
     parser: ReplyParser | None = None
+    engine_request: tuple[str, dict[str, Any]] | None = None  # (path, body) for the engine's token API
+    flags: list[str] = field(default_factory=list)  # e.g. "template_dropped_tools", "truncated"
     recorded: bool = False
 
 

@@ -44,6 +44,6 @@ class Capture:
             raise CaptureError("polar_capture_dir is not configured")
         try:
             append_record(self.capture_dir, record)
-        except OSError as e:
+        except (OSError, ValueError, UnicodeError) as e:  # disk full, unsafe ids, unencodable text
             log.error("polar: capture of call %s failed: %s", record.call_id, e)
             raise CaptureError(f"recording the call failed: {e}") from e

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from polar_mitm.conversation import Message
+from polar_mitm.conversation import Conversation, Message, Tool, ToolCall
 from polar_mitm.detok import Detokenizer
 from polar_mitm.prompt import ChatRenderer
 from polar_mitm.reply import ReplyParser
@@ -27,6 +27,17 @@ class Model:
     tool_parser: str
     reasoning_parser: str | None
     starts_in_reasoning: bool  # the generation prompt already opens <think> (Qwen3-style thinking templates)
+    template_drops: frozenset[str] = frozenset()  # of "tools", "tool_calls", "tool_results": what it never renders
+
+    def dropped_by_template(self, conv: Conversation) -> list[str]:
+        """Flags for what this conversation holds that the chat template silently leaves out."""
+        if not self.template_drops:
+            return []
+        present = {"tools": bool(conv.tools),
+                   "tool_calls": any(m.tool_calls for m in conv.messages),
+                   "tool_results": any(m.role == "tool" for m in conv.messages)}
+        return [f"template_dropped_{k}" for k in ("tools", "tool_calls", "tool_results")
+                if present[k] and k in self.template_drops]
 
     def new_decoder(self, call_id: str) -> tuple[Detokenizer, ReplyParser]:
         parser = ReplyParser(self.tool_parser, self.reasoning_parser, starts_in_reasoning=self.starts_in_reasoning,
@@ -70,7 +81,31 @@ def load_model(spec: str, tool_parser: str, reasoning_parser: str, context_lengt
         tool_parser=tool_parser,
         reasoning_parser=reasoning,
         starts_in_reasoning=bool(reasoning) and opened,
+        template_drops=template_drops(renderer),
     )
+
+
+def template_drops(renderer: ChatRenderer) -> frozenset[str]:
+    """Which tool parts the chat template never renders, probed once with marker names (a template that only
+    renders `role` and string `content`, like SmolLM2's, drops all three)."""
+    tool = Tool("polar_probe_tool", "polar probe", {"type": "object", "properties": {}})
+    call = ToolCall("polar_probe_id", "polar_probe_call", "{}")
+    probes = {
+        "tools": ((Message("user", "hi"),), (tool,), "polar_probe_tool"),
+        "tool_calls": ((Message("user", "hi"), Message("assistant", "", tool_calls=(call,))), (tool,), "polar_probe_call"),
+        "tool_results": ((Message("user", "hi"), Message("assistant", "", tool_calls=(call,)),
+                          Message("tool", "polar_probe_result", tool_call_id="polar_probe_id", name="polar_probe_call")),
+                         (tool,), "polar_probe_result"),
+    }
+    dropped = set()
+    for name, (messages, tools, marker) in probes.items():
+        try:
+            text = renderer.render_text(messages, tools, generation_prompt=True)
+        except Exception:  # a template that refuses the probe's shape: it cannot render that part either
+            text = ""
+        if marker not in text:
+            dropped.add(name)
+    return frozenset(dropped)
 
 
 def _read_json(path: Path) -> dict[str, Any]:

@@ -59,7 +59,7 @@ def message_key(m: Message) -> str:
 
 
 def _chain(prev: bytes, item: str) -> bytes:
-    return hashlib.blake2b(prev + item.encode(), digest_size=16).digest()
+    return hashlib.blake2b(prev + item.encode("utf-8", "surrogatepass"), digest_size=16).digest()
 
 
 def conversation_hashes(conv: Conversation) -> list[bytes]:
@@ -143,15 +143,16 @@ class ChatRenderer:
 class SessionHistory:
     """Finished calls of one session, keyed by the hash of (tools, messages + the reply they produced)."""
 
-    def __init__(self) -> None:
+    def __init__(self, evicted: bool = False) -> None:
         self._calls: dict[bytes, CallTokens] = {}
+        self.evicted = evicted  # an earlier history of this session was dropped to bound memory
 
     def remember(self, prompt: Prompt, reply: Message, call: CallTokens) -> None:
         self._calls[_chain(prompt.hashes[-1], message_key(reply))] = call
 
     def build_prompt(self, conv: Conversation, renderer: ChatRenderer) -> Prompt:
         hashes = conversation_hashes(conv)
-        why = "first_call" if not self._calls else "no_matching_call"
+        why = ("evicted" if self.evicted else "first_call") if not self._calls else "no_matching_call"
         # Longest replayed prefix that ends with one of our replies, leaving new messages after it.
         for k in range(len(conv.messages) - 1, 0, -1):
             parent = self._calls.get(hashes[k])

@@ -1,12 +1,15 @@
-"""Routing + rewrite: each LLM call becomes a token-level request to the inference engine, and the
-engine's tokens become the provider's reply, streamed live when asked (DESIGN.md §1, §5, §8)."""
+"""Routing + rewrite: each LLM call becomes a token-level request to the inference engine, and the engine's
+tokens become the provider's reply (DESIGN.md §1, §5, §8).
+
+Non-streamed calls are sent to the engine by the proxy's own client and answered from the hook; streamed
+calls go to the in-process relay (polar_mitm/relay.py), the only upstream mitmproxy may connect to, which
+streams the engine's tokens back as the provider's SSE. Either way every call ends in a CallRecord."""
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
+import re
 import time
-from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -17,59 +20,55 @@ from polar_mitm import call as calls
 from polar_mitm.capture import Capture, CaptureError
 from polar_mitm.conversation import Conversation, ProviderError
 from polar_mitm.engine import EngineError, apply_chunk, engine_request, parse_engine
+from polar_mitm.engine_client import EngineClient, Timeouts
+from polar_mitm.fence import Fence
 from polar_mitm.model import Model, load_model
 from polar_mitm.prompt import SessionHistory
 from polar_mitm.providers import CODECS
+from polar_mitm.relay import StreamRelay
 from polar_mitm.replies import error_response, json_response
-from polar_mitm.streaming import StreamTranslator
+from polar_mitm.session_cache import SessionCache
+from polar_mitm.sessions import watch_ended
 
 log = logging.getLogger(__name__)
+# A JSON escape of a UTF-16 surrogate: only then can the parsed body hold text the tokenizer cannot take.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-@dataclass(frozen=True)
-class Backend:
-    scheme: str
-    host: str
-    port: int
-
-
-def parse_backend(spec: str) -> Backend:
+def parse_backend(spec: str) -> str:
     parts = urlsplit(spec)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(f"expected http://host:port, got {spec!r}")
-    return Backend(parts.scheme, parts.hostname, parts.port or (443 if parts.scheme == "https" else 80))
+    return spec.rstrip("/")
 
 
-class EngineHealth:
-    """Is the engine listening? A TCP connect, skipped while it answered recently: a dead engine
-    must give the harness the provider's own error, not mitmproxy's 502 page."""
+def parse_positive(value: int) -> int:
+    if value <= 0:
+        raise ValueError(f"expected a positive number, got {value}")
+    return value
 
-    def __init__(self, backend: Backend, fresh_s: float = 2.0) -> None:
-        self.backend, self.fresh_s, self.last_ok = backend, fresh_s, 0.0
 
-    def mark_ok(self) -> None:
-        self.last_ok = time.monotonic()
-
-    async def reachable(self) -> bool:
-        if time.monotonic() - self.last_ok < self.fresh_s:
-            return True
-        try:
-            _, writer = await asyncio.wait_for(asyncio.open_connection(self.backend.host, self.backend.port), 2.0)
-        except (OSError, asyncio.TimeoutError):
-            return False
-        writer.close()
-        self.mark_ok()
-        return True
+def scrub_surrogates(value: Any) -> Any:
+    """A copy with lone surrogates replaced by U+FFFD, what a lenient UTF-8 decoder gives the tokenizer."""
+    if isinstance(value, str):
+        return _SURROGATE.sub("\ufffd", value)
+    if isinstance(value, list):
+        return [scrub_surrogates(v) for v in value]
+    if isinstance(value, dict):
+        return {scrub_surrogates(k): scrub_surrogates(v) for k, v in value.items()}
+    return value
 
 
 class Router:
-    def __init__(self, capture: Capture) -> None:
-        self.capture = capture
-        self.backend = parse_backend("http://127.0.0.1:30000")
-        self.health = EngineHealth(self.backend)
+    def __init__(self, capture: Capture, fence: Fence) -> None:
+        self.capture, self.fence = capture, fence
         self.engine = "sglang"
         self.model: Model | None = None
-        self.histories: dict[tuple[str, str], SessionHistory] = {}
+        self.client = EngineClient("http://127.0.0.1:30000", Timeouts())
+        self.relay = StreamRelay(self)
+        self.histories: SessionCache[tuple[str, str], SessionHistory] = SessionCache(SessionHistory)
+        self._warned: set[tuple[str, str]] = set()
 
     def load(self, loader) -> None:
         loader.add_option("polar_backend", str, "http://127.0.0.1:30000", "Inference server base URL.")
@@ -80,18 +79,21 @@ class Router:
         loader.add_option("polar_reasoning_parser", str, "think", "Reasoning markup: think (<think>…</think>) or none.")
         loader.add_option("polar_max_tokens", int, 2048, "Default max new tokens when a request sets none.")
         loader.add_option("polar_context_length", int, 0, "Context length in tokens; 0 = from the model config.")
+        loader.add_option("polar_engine_timeout", int, 600, "Seconds a whole engine call may take.")
+        loader.add_option("polar_engine_first_byte_timeout", int, 120,
+                          "Streams: seconds until the engine's first byte, and between two chunks.")
+        loader.add_option("polar_session_ttl", int, 3600, "Seconds an idle session's history is kept.")
+        loader.add_option("polar_max_sessions", int, 10000, "Most session histories kept (least recently used go).")
 
     def configure(self, updated) -> None:
         opts = ctx.options
-        try:
-            if "polar_backend" in updated:
-                self.backend = parse_backend(opts.polar_backend)
-                self.health = EngineHealth(self.backend)
-            if "polar_engine" in updated:
-                self.engine = parse_engine(opts.polar_engine)
-        except ValueError as e:
-            name = "polar_backend" if "polar_backend" in updated else "polar_engine"
-            raise OptionsError(f"{name}: {e}") from e
+        for name in ("polar_backend", "polar_engine", "polar_engine_timeout", "polar_engine_first_byte_timeout",
+                     "polar_session_ttl", "polar_max_sessions", "polar_max_tokens"):
+            if name in updated:
+                try:
+                    self._configure_one(name, getattr(opts, name))
+                except ValueError as e:
+                    raise OptionsError(f"{name}: {e}") from e
         keys = {"polar_tokenizer", "polar_tool_parser", "polar_reasoning_parser", "polar_context_length"}
         if keys & set(updated) and opts.polar_tokenizer:
             try:
@@ -100,11 +102,32 @@ class Router:
             except ValueError as e:
                 raise OptionsError(f"polar_tokenizer: {e}") from e
 
-    def running(self) -> None:
+    def _configure_one(self, name: str, value: Any) -> None:
+        opts = ctx.options
+        if name == "polar_engine":
+            self.engine = parse_engine(value)
+        elif name in ("polar_backend", "polar_engine_timeout", "polar_engine_first_byte_timeout"):
+            timeouts = Timeouts(parse_positive(opts.polar_engine_timeout), parse_positive(opts.polar_engine_first_byte_timeout))
+            self.client = EngineClient(parse_backend(opts.polar_backend), timeouts)
+        elif name in ("polar_session_ttl", "polar_max_sessions"):
+            self.histories.ttl_s, self.histories.max_entries = parse_positive(opts.polar_session_ttl), parse_positive(
+                opts.polar_max_sessions)
+        else:
+            parse_positive(value)
+
+    async def running(self) -> None:
         if self.model is None:
             raise OptionsError("polar_tokenizer: set it to the model directory (tokenizer + chat template)")
+        await self.relay.start()
+        sessions = ctx.options.polar_sessions
+        if sessions.startswith(("redis://", "unix://")):
+            watch_ended(sessions, lambda task_id, session_id: self.histories.drop((task_id, session_id)))
 
-    # -- request: parse, tokenize, rewrite ---------------------------------------------------------
+    async def done(self) -> None:
+        await self.relay.stop()
+        await self.client.close()
+
+    # -- request: parse, tokenize, then answer (non-streamed) or hand to the relay (streamed) ----------------
     async def request(self, flow: http.HTTPFlow) -> None:
         if flow.response or "polar_session" not in flow.metadata:
             return
@@ -114,35 +137,38 @@ class Router:
             return
         call = calls.Call(calls.new_call_id(), session, route, Conversation(route.api, route.model or "", ()), {},
                           time.time())
+        flow.metadata["polar_call"] = call  # from here on, a failure anywhere is recorded against this call
         try:
-            body = self._json_body(flow)
-            call.request_body = body
+            body = self._json_body(flow, call)
             call.conv = CODECS[route.api].parse_request(body, flow.request.path)
-            if route.kind == "generate":
-                if not await self.health.reachable():
-                    raise ProviderError(503, f"polar: the inference engine at {ctx.options.polar_backend} "
-                                             "is unreachable", "api_error")
-                self._rewrite(flow, call)
-            else:
+            if route.kind != "generate":
                 flow.response = self._side_answer(route, call.conv)
+                return
+            await self.fence.hold(flow.id)
+            self._build(call)
+            if call.conv.stream:
+                self.relay.route(flow, call)
+            else:
+                flow.response = await self._complete_call(call)
         except ProviderError as e:
-            flow.response = error_response(route.api, e.status, e.message, e.kind)
-            if route.kind == "generate":
-                try:
-                    self._record(call, calls.make_record(call, None, error=e.message))
-                except CaptureError as ce:
-                    flow.response = error_response(route.api, 500, f"polar: {ce}")
+            flow.response = self.fail(call, e)
+        except CaptureError as e:
+            flow.response = error_response(route.api, 500, f"polar: {e}")
 
-    def _json_body(self, flow: http.HTTPFlow) -> dict[str, Any]:
+    def _json_body(self, flow: http.HTTPFlow, call: calls.Call) -> dict[str, Any]:
+        """The body as received goes into the record; the conversation is parsed from a copy whose lone
+        surrogates (a JSON escape of broken UTF-16) became U+FFFD, which the tokenizer can take."""
         if flow.request.method == "GET":
             return {}
         try:
-            body = json.loads(flow.request.get_content() or b"")
+            raw = flow.request.get_content() or b""
+            body = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError, ValueError) as e:
             raise ProviderError(400, f"request body is not valid JSON: {e}") from e
         if not isinstance(body, dict):
             raise ProviderError(400, "request body must be a JSON object")
-        return body
+        call.request_body = body
+        return scrub_surrogates(body) if _SURROGATE_ESCAPE.search(raw) else body
 
     def _side_answer(self, route, conv: Conversation) -> http.Response:
         """Token counting, answered with the real prompt length."""
@@ -156,98 +182,88 @@ class Router:
             return json_response(200, codec.render_models([route.model])["data"][0])
         return json_response(200, codec.render_models(self.model.served_names))
 
-    def _rewrite(self, flow: http.HTTPFlow, call: calls.Call) -> None:
+    def _build(self, call: calls.Call) -> None:
+        """Prompt ids (with history substitution) and the engine request."""
         model = self.model
-        history = self.histories.setdefault((call.session.task_id, call.session.session_id), SessionHistory())
-        call.prompt = history.build_prompt(call.conv, model.renderer)
+        key = (call.session.task_id, call.session.session_id)
+        call.prompt = self.histories.get(key).build_prompt(call.conv, model.renderer)
         room = model.context_length - len(call.prompt.ids)
         if room <= 0:
             raise ProviderError(400, f"prompt is {len(call.prompt.ids)} tokens; the model's context is "
                                      f"{model.context_length} tokens", "context_length_exceeded")
         max_new = min(call.conv.sampling.max_tokens or ctx.options.polar_max_tokens, room)
-        path, body = engine_request(self.engine, call.prompt.ids, call.conv.sampling, max_new, call.conv.stream,
-                                    ctx.options.polar_engine_model or None)
+        call.engine_request = engine_request(self.engine, call.prompt.ids, call.conv.sampling, max_new,
+                                             call.conv.stream, ctx.options.polar_engine_model or None)
         call.detok, call.parser = model.new_decoder(call.call_id)
-        flow.request.scheme, flow.request.host, flow.request.port = self.backend.scheme, self.backend.host, self.backend.port
-        flow.request.method, flow.request.path = "POST", path
-        flow.request.headers.clear()
-        flow.request.headers["host"] = f"{self.backend.host}:{self.backend.port}"
-        flow.request.headers["content-type"] = "application/json"
-        flow.request.content = json.dumps(body).encode()
-        flow.metadata["polar_call"] = call
+        call.flags.extend(model.dropped_by_template(call.conv))
+        if call.flags and key not in self._warned:
+            if len(self._warned) > 10_000:
+                self._warned.clear()
+            self._warned.add(key)
+            log.warning("polar: session %s/%s: the chat template of %s drops %s; the model cannot see them",
+                        *key, ctx.options.polar_tokenizer, ", ".join(call.flags))
 
-    # -- response: translate and record ------------------------------------------------------------
-    def responseheaders(self, flow: http.HTTPFlow) -> None:
-        call: calls.Call | None = flow.metadata.get("polar_call")
-        if call is None or not call.conv.stream or flow.response.status_code != 200:
-            return
-        flow.response.stream = StreamTranslator(self.engine, call, self.model, self._finish_stream)
-        flow.response.headers.pop("content-length", None)
-        flow.response.headers["transfer-encoding"] = "chunked"
-        flow.response.headers["content-type"] = "text/event-stream"
-        flow.response.headers["cache-control"] = "no-cache"
-
-    def response(self, flow: http.HTTPFlow) -> None:
-        call: calls.Call | None = flow.metadata.get("polar_call")
-        if call is None or flow.response.stream:
-            return  # not ours, or streamed: the stream translator answered and recorded
-        try:
-            flow.response = self._answer(call, flow.response)
-        except CaptureError as e:
-            flow.response = error_response(call.route.api, 500, f"polar: {e}")
-
-    def _answer(self, call: calls.Call, engine: http.Response) -> http.Response:
+    async def _complete_call(self, call: calls.Call) -> http.Response:
         """The provider's reply to a non-streamed call, recorded before it is returned."""
-        api = call.route.api
+        status, raw = await self.client.complete(*call.engine_request)
         try:
-            data = json.loads(engine.get_content() or b"{}")
+            data = json.loads(raw or b"{}")
         except (json.JSONDecodeError, ValueError):
-            data = {"error": {"message": (engine.get_text(strict=False) or "")[:500]}}
-        if engine.status_code != 200:
-            message = f"inference engine answered {engine.status_code}: {_engine_message(data)}"
-            self._record(call, calls.make_record(call, None, error=message))
-            return error_response(api, 400 if engine.status_code == 400 else 502, message)
-        self.health.mark_ok()
+            data = {"error": {"message": raw[:500].decode(errors="replace")}}
+        if status != 200:
+            raise ProviderError(400 if status == 400 else 502,
+                                f"inference engine answered {status}: {engine_message(data)}", "api_error")
         try:
             apply_chunk(self.engine, data, call.output)
         except EngineError as e:
-            self._record(call, calls.make_record(call, None, error=str(e)))
-            return error_response(api, 502, f"polar: {e}")
+            raise ProviderError(502, f"polar: {e}", "api_error") from e
         calls.feed_ids(call, call.output.output_ids, self.model.stop_ids)
         calls.finish_events(call)
-        body = CODECS[api].render_response(self._complete(call))
-        self._record(call, calls.make_record(call, body, flags=call.parser.result().flags))
+        completion = calls.completion_of(call, self.model.stop_ids)
+        body = CODECS[call.route.api].render_response(completion)
+        self.finish(call, completion, body, None)
         return json_response(200, body)
 
-    def _complete(self, call: calls.Call):
-        """Completion of a finished call; remembered in the session history before the reply goes out,
-        so the harness's next request can already extend it."""
-        completion = calls.completion_of(call, self.model.stop_ids)
-        history = self.histories[(call.session.task_id, call.session.session_id)]
-        history.remember(call.prompt, calls.reply_message(completion), calls.call_tokens(call, self.model.stop_ids))
-        return completion
+    def finish(self, call: calls.Call, completion, body: dict | None, error: str | None) -> None:
+        """Record the call, then (only once it is on disk) remember it in the session history, before the reply
+        goes out, so the harness's next request can already extend it. Raises CaptureError."""
+        flags = tuple(call.flags) + (call.parser.result().flags if call.parser else ())
+        self._record(call, calls.make_record(call, body, error=error, flags=flags))
+        if error is None:
+            history = self.histories.peek((call.session.task_id, call.session.session_id))
+            if history is not None:
+                history.remember(call.prompt, calls.reply_message(completion), calls.call_tokens(call, self.model.stop_ids))
 
-    def _finish_stream(self, call: calls.Call, error: str | None):
-        """Called by the stream translator once the engine stream ended; returns the Completion."""
-        completion = self._complete(call) if error is None else calls.completion_of(call, self.model.stop_ids)
-        body = CODECS[call.route.api].render_response(completion)
-        self._record(call, calls.make_record(call, body, error=error, flags=call.parser.result().flags))
-        return completion
+    def fail(self, call: calls.Call, e: ProviderError) -> http.Response:
+        """The provider's error for a call, recorded when it was an LLM call."""
+        if e.status >= 500 or e.status == 413:
+            log.error("polar: call %s: %s", call.call_id, e.message)
+        if call.route.kind == "generate" and not call.recorded:
+            try:
+                self._record(call, calls.make_record(call, None, error=e.message, flags=tuple(call.flags)))
+            except CaptureError as ce:
+                return error_response(call.route.api, 500, f"polar: {ce}")
+        return error_response(call.route.api, e.status, e.message, e.kind)
+
+    def responseheaders(self, flow: http.HTTPFlow) -> None:
+        if flow.metadata.get("polar_relay"):
+            self.relay.pass_through(flow)
 
     def error(self, flow: http.HTTPFlow) -> None:
         call: calls.Call | None = flow.metadata.get("polar_call")
-        if call is not None and not call.recorded:
+        if call is not None and not call.recorded and call.route.kind == "generate":
+            why = "client disconnected" if "client" in str(flow.error).lower() else f"relay connection failed: {flow.error}"
             try:
-                self._record(call, calls.make_record(call, None, error=f"engine connection failed: {flow.error}"))
+                self._record(call, calls.make_record(call, None, error=why, flags=tuple(call.flags)))
             except CaptureError:
-                pass
+                pass  # logged by Capture; the client is gone
 
     def _record(self, call: calls.Call, record) -> None:
-        call.recorded = True
         self.capture.write(record)
+        call.recorded = True
 
 
-def _engine_message(data: Any) -> str:
+def engine_message(data: Any) -> str:
     err = data.get("error") if isinstance(data, dict) else None
     if isinstance(err, dict):
         return str(err.get("message", err))

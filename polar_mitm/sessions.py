@@ -1,23 +1,31 @@
-"""Sessions: which rollout a request belongs to, from its credentials (DESIGN.md §2)."""
+"""Sessions: which rollout a request belongs to, from its credentials (DESIGN.md §2).
+
+Ids that name files must never carry a secret or a path: a readable name is kept only when it comes from the
+proxy-auth user or a harness's session header and already has the shape of `check_id`; anything else (and
+every API key) becomes `s-<hash>`. Readable names never start with `s-`, so the mapping is injective.
+"""
 from __future__ import annotations
 
 import base64
 import hashlib
 import json
+import logging
 import re
 import secrets
-import time
 from dataclasses import dataclass
 from typing import Protocol
 from urllib.parse import parse_qs, urlsplit
 
-from polar_traj.records import check_id
+from polar_traj.records import ID_PATTERN, check_id
 
+log = logging.getLogger(__name__)
 OPEN_TASK_ID = "local"
 REDIS_PREFIX = "polar:session:"
 ENDED_CHANNEL = "polar:session-ended"  # unregister_session publishes {task_id, session_id} here
 # Headers harnesses send that name their own session (DESIGN.md §7); used in open mode only.
 SESSION_HINT_HEADERS = ("x-claude-code-session-id", "session-id", "session_id", "x-session-id")
+# A credential is printable ASCII; anything else (mitmproxy keeps invalid header bytes as surrogates) is refused.
+_CREDENTIAL = re.compile(r"[\x21-\x7e]{1,512}")
 
 
 @dataclass(frozen=True)
@@ -32,12 +40,16 @@ class Credentials:
     secret: str | None  # proxy-auth password or API key
 
 
+class SessionStoreError(Exception):
+    """The session store could not be asked (e.g. Redis is down): the flow is answered here, never passed on."""
+
+
 class SessionStore(Protocol):
-    def lookup(self, creds: Credentials, hint: str | None) -> Session | None: ...
+    async def lookup(self, creds: Credentials, hint: str | None) -> Session | None: ...
 
 
-def parse_sessions_spec(spec: str) -> SessionStore:
-    """`open` or `redis://host:port/db`; raises ValueError for anything else."""
+def parse_sessions_spec(spec: str) -> "OpenSessions | RedisSessions":
+    """`open` or `redis://host:port/db` (or `unix://…`); raises ValueError for anything else."""
     if spec == "open":
         return OpenSessions()
     if spec.startswith(("redis://", "unix://")):
@@ -45,44 +57,61 @@ def parse_sessions_spec(spec: str) -> SessionStore:
     raise ValueError(f"expected 'open' or a redis:// URL, got {spec!r}")
 
 
-def _safe_id(text: str) -> str:
-    """A filesystem-safe session id: readable when the text is, else a short hash."""
-    if re.fullmatch(r"[A-Za-z0-9._-]{1,64}", text) and text not in (".", ".."):
+def valid_credential(text: str | None) -> bool:
+    return text is not None and _CREDENTIAL.fullmatch(text) is not None
+
+
+def hashed_id(text: str) -> str:
+    """`s-` + a hash: the id for a name that is not a safe id, or that is a secret."""
+    return "s-" + hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()[:24]
+
+
+def readable_id(text: str) -> str:
+    """The name itself when it is a safe id (and cannot be mistaken for a hashed one), else its hash."""
+    if ID_PATTERN.fullmatch(text) and not text.startswith("s-"):
         return text
-    return "s-" + hashlib.sha256(text.encode()).hexdigest()[:16]
+    return hashed_id(text)
 
 
 class OpenSessions:
     """Local use: every credential (or harness session header) becomes a session on first sight."""
 
-    def lookup(self, creds: Credentials, hint: str | None) -> Session | None:
-        key = creds.user or hint or creds.secret or "anonymous"
-        return Session(OPEN_TASK_ID, _safe_id(key))
+    async def lookup(self, creds: Credentials, hint: str | None) -> Session | None:
+        if creds.user:
+            return Session(OPEN_TASK_ID, readable_id(creds.user))
+        if hint:
+            return Session(OPEN_TASK_ID, readable_id(hint))
+        if creds.secret:
+            return Session(OPEN_TASK_ID, hashed_id(creds.secret))  # an API key is never a file name
+        return Session(OPEN_TASK_ID, "anonymous")
 
 
 class RedisSessions:
-    """Sessions registered by workers in Redis: `polar:session:<token>` -> {task_id, session_id}."""
+    """Sessions registered by workers in Redis: `polar:session:<token>` -> {task_id, session_id}.
 
-    def __init__(self, url: str, cache_s: float = 30.0) -> None:
-        import redis
+    Asked on every request (no cache), asynchronously: an unregistered token stops working at once and a slow
+    Redis stalls only the requests that wait for it."""
 
-        self.client = redis.Redis.from_url(url, socket_timeout=2.0)
-        self.cache_s = cache_s
-        self._cache: dict[str, tuple[float, Session]] = {}
+    def __init__(self, url: str, timeout_s: float = 2.0) -> None:
+        import redis.asyncio
 
-    def lookup(self, creds: Credentials, hint: str | None) -> Session | None:
-        if not creds.secret:
+        self.url = url
+        self.client = redis.asyncio.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+
+    async def lookup(self, creds: Credentials, hint: str | None) -> Session | None:
+        if not valid_credential(creds.secret) or (creds.user is not None and not valid_credential(creds.user)):
             return None
-        hit = self._cache.get(creds.secret)
-        if hit and time.monotonic() - hit[0] < self.cache_s:
-            session = hit[1]
-        else:
-            raw = self.client.get(REDIS_PREFIX + creds.secret)
-            if raw is None:
-                return None
+        try:
+            raw = await self.client.get(REDIS_PREFIX + creds.secret)
+        except Exception as e:  # redis.exceptions.RedisError, OSError, timeouts
+            raise SessionStoreError(f"session store {self.url} unavailable: {type(e).__name__}: {e}") from e
+        if raw is None:
+            return None
+        try:
             data = json.loads(raw)
-            session = Session(data["task_id"], data["session_id"])
-            self._cache[creds.secret] = (time.monotonic(), session)
+            session = Session(check_id(data["task_id"], "task_id"), check_id(data["session_id"], "session_id"))
+        except (ValueError, KeyError, TypeError):
+            return None  # a forged or corrupt entry never names a file
         if creds.user is not None and creds.user != session.session_id:
             return None  # a token is only valid with its own session name
         return session
@@ -108,6 +137,29 @@ def unregister_session(redis_url: str, token: str) -> None:
         client.publish(ENDED_CHANNEL, raw)
 
 
+def watch_ended(redis_url: str, on_end) -> "asyncio.Task":
+    """Call `on_end(task_id, session_id)` for every session unregistered from now on (a background task)."""
+    import asyncio
+
+    import redis.asyncio
+
+    async def listen() -> None:
+        while True:
+            try:
+                pubsub = redis.asyncio.Redis.from_url(redis_url).pubsub(ignore_subscribe_messages=True)
+                await pubsub.subscribe(ENDED_CHANNEL)
+                async for message in pubsub.listen():
+                    data = json.loads(message["data"])
+                    on_end(data["task_id"], data["session_id"])
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # Redis away or a bad message: sessions then end by TTL; try again
+                log.warning("polar: watching ended sessions: %s: %s", type(e).__name__, e)
+                await asyncio.sleep(2.0)
+
+    return asyncio.get_running_loop().create_task(listen())
+
+
 def proxy_credentials(header: str | None) -> Credentials | None:
     """`Proxy-Authorization: Basic base64(user:password)` -> Credentials."""
     if not header:
@@ -116,8 +168,8 @@ def proxy_credentials(header: str | None) -> Credentials | None:
     if scheme.lower() != "basic":
         return None
     try:
-        user, _, password = base64.b64decode(value.strip()).decode().partition(":")
-    except (ValueError, UnicodeDecodeError):
+        user, _, password = base64.b64decode(value.strip(), validate=True).decode().partition(":")
+    except (ValueError, UnicodeError):
         return None
     return Credentials(user or None, password or None)
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 import logging
 from typing import Callable
 
-from polar_mitm.call import Call, feed_ids, finish_events
+from polar_mitm.call import Call, completion_of, feed_ids, finish_events
 from polar_mitm.capture import CaptureError
-from polar_mitm.conversation import Completion, ProviderError
+from polar_mitm.conversation import ProviderError
 from polar_mitm.engine import EngineError, SSEDecoder, apply_chunk
 from polar_mitm.providers import CODECS
 
@@ -14,34 +14,26 @@ log = logging.getLogger(__name__)
 
 
 class StreamTranslator:
-    """mitmproxy's `flow.response.stream` callable: called once per upstream read, then with b"" at the end.
+    """Engine stream bytes in, provider SSE bytes out: `feed(chunk)` per read, then `end()` once.
 
-    The record is written and the session history updated inside the final call, before the last
-    bytes go out, so the harness's next request always finds this call.
-    """
+    `end()` writes the record and updates the session history (through `finish`) before the last bytes go
+    out, so the harness's next request always finds this call. A stream that fails ends with the provider's
+    error event, and its record keeps the tokens received so far, flagged `truncated`."""
 
-    def __init__(self, engine: str, call: Call, model, finish: Callable[[Call, str | None], Completion]) -> None:
+    def __init__(self, engine: str, call: Call, model, finish: Callable) -> None:
         self.engine, self.call, self.model, self.finish = engine, call, model, finish
         codec = CODECS[call.route.api]
         self.encoder = codec.StreamEncoder(call.call_id, call.conv.model, prompt_tokens=len(call.prompt.ids),
                                           **codec.encoder_options(call.request_body))
         self.sse = SSEDecoder()
-        self.started = False
         self.error: str | None = None
 
-    def __call__(self, chunk: bytes) -> list[bytes]:
-        # A list, never b"": mitmproxy would send an empty bytes as the terminating chunk.
-        out = [] if self.started else [self.encoder.start()]
-        self.started = True
-        if chunk:
-            out.extend(self._translate(chunk))
-        else:
-            out.append(self._end())
-        return [b for b in out if b]
+    def start(self) -> bytes:
+        return self.encoder.start()
 
-    def _translate(self, chunk: bytes) -> list[bytes]:
+    def feed(self, chunk: bytes) -> bytes:
         if self.error:
-            return []
+            return b""
         out = []
         try:
             for data in self.sse.feed(chunk):
@@ -51,22 +43,30 @@ class StreamTranslator:
                     out.append(self.encoder.feed(event))
         except (EngineError, ValueError) as e:
             self.error = f"engine stream failed: {e}"
-        return out
-
-    def _end(self) -> bytes:
-        out = [self.encoder.feed(e) for e in finish_events(self.call)]
-        if self.error is None and self.call.output.finish_reason is None:
-            self.error = "engine stream ended before the last token"
-        try:
-            completion = self.finish(self.call, self.error)
-        except CaptureError as e:
-            self.error = str(e)
-            return b"".join(out) + self._error_event(self.error)
-        if self.error:
-            return b"".join(out) + self._error_event(self.error)
-        out.append(self.encoder.finish(completion))
         return b"".join(out)
 
-    def _error_event(self, message: str) -> bytes:
+    def end(self) -> bytes:
+        out = []
+        try:
+            out = [self.encoder.feed(e) for e in finish_events(self.call)]
+        except Exception as e:  # a parser or encoder bug must still end in a record and an error event
+            log.exception("polar: call %s: finishing the reply failed", self.call.call_id)
+            self.error = self.error or f"polar: internal error finishing the reply ({type(e).__name__})"
+        if self.error is None and self.call.output.finish_reason is None:
+            self.error = "engine stream ended before the last token"
+        if self.error and "truncated" not in self.call.flags:
+            self.call.flags.append("truncated")
+        completion = completion_of(self.call, self.model.stop_ids)
+        body = CODECS[self.call.route.api].render_response(completion)
+        try:
+            self.finish(self.call, completion, body, self.error)
+        except CaptureError as e:
+            self.error = str(e)
+            return b"".join(out) + self.error_event(self.error)
+        if self.error:
+            return b"".join(out) + self.error_event(self.error)
+        return b"".join(out) + self.encoder.finish(completion)
+
+    def error_event(self, message: str, status: int = 502, kind: str = "api_error") -> bytes:
         log.error("polar: call %s: %s", self.call.call_id, message)
-        return self.encoder.fail(ProviderError(502, f"polar: {message}", "api_error"))
+        return self.encoder.fail(ProviderError(status, f"polar: {message}", kind))

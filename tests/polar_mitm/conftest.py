@@ -8,6 +8,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from polar_mitm.sessions import hashed_id
+
 from polar_mitm import launch
 from polar_mitm.launch import free_port, stop  # noqa: F401  (free_port: tests import it from here)
 
@@ -25,7 +27,11 @@ class Proxy:
         return self.process.proxy_url(session, token)
 
     def records(self, session: str, task: str = "local") -> list[dict]:
+        """A session's records, by its name (proxy user or session header) or by the API key that named it
+        (open mode stores a key only as its hash)."""
         path = self.process.capture_dir / task / f"{session}.jsonl"
+        if not path.exists():
+            path = self.process.capture_dir / task / f"{hashed_id(session)}.jsonl"
         if not path.exists():
             return []
         return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

@@ -25,7 +25,9 @@ def test_polar_proxy_prints_the_harness_environment_and_serves(tmp_path, referen
         r = httpx.post(f"http://127.0.0.1:{p2}/v1/chat/completions", headers={"authorization": "Bearer cli"},
                        json={"model": "tiny", "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]})
         assert r.status_code == 200 and r.json()["object"] == "chat.completion"
-        assert (tmp_path / "cap" / "local" / "cli.jsonl").exists()
+        # an API key names the session only through its hash: never a file name
+        files = list((tmp_path / "cap" / "local").glob("*.jsonl"))
+        assert len(files) == 1 and files[0].name.startswith("s-") and "cli" not in files[0].name
     finally:
         stop(proc)
     out = "".join(lines)

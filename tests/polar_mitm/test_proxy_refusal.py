@@ -122,7 +122,7 @@ def test_engine_down_gives_the_providers_5xx_and_a_record(tmp_path, tiny_model_d
                        json={"model": "tiny", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]})
         assert r.status_code == 503 and r.json()["type"] == "error"
         (record,) = proxy.records("down")
-        assert "unreachable" in record["error"] and record["prompt_ids"] == []
+        assert "unreachable" in record["error"] and record["output_ids"] == []
         # the proxy keeps serving
         assert httpx.get(proxy.base_url + "/v1/models", headers={"authorization": "Bearer k"}).status_code == 200
     finally:

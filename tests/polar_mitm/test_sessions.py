@@ -1,9 +1,11 @@
+import asyncio
 import base64
 
 import pytest
 
 from polar_mitm.sessions import (
-    Credentials, OpenSessions, Session, api_key_credentials, parse_sessions_spec, proxy_credentials, session_hint,
+    Credentials, OpenSessions, Session, api_key_credentials, hashed_id, parse_sessions_spec, proxy_credentials,
+    readable_id, session_hint,
 )
 
 
@@ -31,14 +33,28 @@ def test_api_key_found_wherever_the_sdk_puts_it(headers, url, secret):
     assert api_key_credentials(headers, url) == Credentials(None, secret)
 
 
-def test_open_sessions_key_on_user_then_hint_then_key():
+def lookup(store, creds, hint):
+    return asyncio.run(store.lookup(creds, hint))
+
+
+def test_open_sessions_key_on_user_then_hint_then_hashed_key():
     store = OpenSessions()
-    assert store.lookup(Credentials("run-7", "x"), "hint") == Session("local", "run-7")
-    assert store.lookup(Credentials(None, "key"), "abc-123") == Session("local", "abc-123")
-    assert store.lookup(Credentials(None, "key"), None) == Session("local", "key")
+    assert lookup(store, Credentials("run-7", "x"), "hint") == Session("local", "run-7")
+    assert lookup(store, Credentials(None, "key"), "abc-123") == Session("local", "abc-123")
+    # an API key never becomes a file name or a dataset value: only its hash does
+    s = lookup(store, Credentials(None, "sk-secret-key"), None)
+    assert s == Session("local", hashed_id("sk-secret-key")) and "secret" not in s.session_id
     # unsafe names become a stable hash, never a path
-    s = store.lookup(Credentials("../etc", None), None)
-    assert "/" not in s.session_id and s == store.lookup(Credentials("../etc", None), None)
+    s = lookup(store, Credentials("../etc", None), None)
+    assert "/" not in s.session_id and s == lookup(store, Credentials("../etc", None), None)
+
+
+def test_readable_ids_never_collide_with_hashed_ones():
+    hashed = readable_id("run 1")
+    assert hashed.startswith("s-") and readable_id(hashed) != hashed
+    assert readable_id("run-1") == "run-1"
+    # invalid bytes kept by mitmproxy as surrogates hash without raising
+    assert readable_id("\udcff").startswith("s-")
 
 
 def test_session_hint_headers():

@@ -1,0 +1,80 @@
+"""The proxy's own HTTP client to the inference engine: one pooled keep-alive session, with timeouts that end
+in the provider's error shape instead of a hung harness (DESIGN.md §5)."""
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from typing import Any, AsyncIterator
+
+import aiohttp
+
+from polar_mitm.conversation import ProviderError
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    total_s: float = 600.0  # a whole call
+    first_byte_s: float = 120.0  # streams: until the first byte, and between two chunks
+
+
+def engine_unreachable(url: str, e: BaseException) -> ProviderError:
+    return ProviderError(503, f"polar: the inference engine at {url} is unreachable ({type(e).__name__}: {e})",
+                         "overloaded_error")
+
+
+def engine_timeout(seconds: float, what: str = "") -> ProviderError:
+    return ProviderError(504, f"polar: engine timeout after {seconds:g} s{what}", "timeout_error")
+
+
+class EngineClient:
+    def __init__(self, base_url: str, timeouts: Timeouts) -> None:
+        self.base_url, self.timeouts = base_url.rstrip("/"), timeouts
+        self._session: aiohttp.ClientSession | None = None
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30),
+                json_serialize=json.dumps, skip_auto_headers=("User-Agent",), trust_env=False,
+            )
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    async def complete(self, path: str, body: dict[str, Any]) -> tuple[int, bytes]:
+        """(status, body) of a non-streamed call; ProviderError 503/504 when the engine is down or too slow."""
+        timeout = aiohttp.ClientTimeout(total=self.timeouts.total_s, sock_connect=10)
+        try:
+            async with self._http().post(self.base_url + path, data=json.dumps(body).encode(),
+                                         headers={"content-type": "application/json"}, timeout=timeout) as r:
+                return r.status, await r.read()
+        except asyncio.TimeoutError as e:
+            raise engine_timeout(self.timeouts.total_s) from e
+        except aiohttp.ClientError as e:
+            raise engine_unreachable(self.base_url, e) from e
+
+    async def open_stream(self, path: str, body: dict[str, Any]) -> aiohttp.ClientResponse:
+        """The engine's streamed response, headers received; the caller reads it with `chunks` and releases it."""
+        timeout = aiohttp.ClientTimeout(total=self.timeouts.total_s, sock_connect=10,
+                                        sock_read=self.timeouts.first_byte_s)
+        try:
+            return await self._http().post(self.base_url + path, data=json.dumps(body).encode(),
+                                           headers={"content-type": "application/json"}, timeout=timeout)
+        except asyncio.TimeoutError as e:
+            raise engine_timeout(self.timeouts.first_byte_s, " waiting for the first byte") from e
+        except aiohttp.ClientError as e:
+            raise engine_unreachable(self.base_url, e) from e
+
+
+async def chunks(response: aiohttp.ClientResponse, timeouts: Timeouts) -> AsyncIterator[bytes]:
+    """The body as it arrives; raises ProviderError 504 on a stall and 502 when the engine dies mid-stream."""
+    try:
+        async for chunk in response.content.iter_any():
+            yield chunk
+    except asyncio.TimeoutError as e:
+        raise engine_timeout(timeouts.first_byte_s, " between two chunks of the stream") from e
+    except aiohttp.ClientError as e:
+        raise ProviderError(502, f"polar: the engine stream broke off ({type(e).__name__}: {e})", "api_error") from e

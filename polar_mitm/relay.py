@@ -1,0 +1,133 @@
+"""The stream relay: an HTTP server inside the proxy process, on 127.0.0.1, that mitmproxy connects to for
+each streamed call (the only upstream connection mitmproxy may open). It opens the engine stream itself, so
+it can answer in the provider's own shape when the engine is down or too slow, end a stream that breaks off
+with the provider's error event, tell a client that went away from an engine that failed, and send only
+provider-like headers."""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+from mitmproxy import http
+
+from polar_mitm.call import Call
+from polar_mitm.capture import CaptureError
+from polar_mitm.conversation import ProviderError
+from polar_mitm.engine_client import chunks
+from polar_mitm.streaming import StreamTranslator
+
+if TYPE_CHECKING:
+    from polar_mitm.router import Router
+
+log = logging.getLogger(__name__)
+SECRET_HEADER = "x-polar-relay"
+SSE_HEADERS = {"content-type": "text/event-stream", "cache-control": "no-cache"}
+KEEP_HEADERS = ("content-type", "cache-control", "transfer-encoding", "content-length")
+
+
+class StreamRelay:
+    def __init__(self, router: "Router") -> None:
+        self.router = router
+        self.secret = secrets.token_urlsafe(24)
+        self.pending: dict[str, Call] = {}
+        self.address: tuple[str, int] | None = None
+        self._runner: web.AppRunner | None = None
+
+    async def start(self) -> tuple[str, int]:
+        app = web.Application()
+        app.router.add_post("/polar/stream/{call_id}", self._handle)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.address = site._server.sockets[0].getsockname()[:2]
+        return self.address
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    def route(self, flow: http.HTTPFlow, call: Call) -> None:
+        """Point the flow at the relay; nothing of the harness's request goes with it."""
+        host, port = self.address
+        self.pending[call.call_id] = call
+        flow.request.scheme, flow.request.host, flow.request.port = "http", host, port
+        flow.request.method, flow.request.path = "POST", f"/polar/stream/{call.call_id}"
+        flow.request.headers.clear()
+        flow.request.headers["host"] = f"{host}:{port}"
+        flow.request.headers[SECRET_HEADER] = self.secret
+        flow.request.content = b""
+        flow.metadata["polar_relay"] = True
+
+    def pass_through(self, flow: http.HTTPFlow) -> None:
+        """Stream the relay's answer as it comes, with only the headers a provider would send."""
+        for name in list(flow.response.headers.keys()):
+            if name.lower() not in KEEP_HEADERS:
+                del flow.response.headers[name]
+        flow.response.stream = True
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        call = self.pending.pop(request.match_info["call_id"], None)
+        if request.headers.get(SECRET_HEADER) != self.secret or call is None:
+            return web.Response(status=404)
+        try:
+            return await self._serve(call, request)
+        except Exception as e:  # a bug here must still end in the provider's error and a record
+            log.exception("polar: call %s: stream relay failed", call.call_id)
+            return self._error(call, ProviderError(500, f"polar: internal error ({type(e).__name__})", "api_error"))
+
+    def _error(self, call: Call, e: ProviderError) -> web.Response:
+        answer = self.router.fail(call, e)  # records the call unless it already was
+        return web.Response(status=answer.status_code, body=answer.content, content_type="application/json")
+
+    async def _serve(self, call: Call, request: web.Request) -> web.StreamResponse:
+        router = self.router
+        try:
+            upstream = await router.client.open_stream(*call.engine_request)
+        except ProviderError as e:
+            return self._error(call, e)
+        async with upstream:
+            if upstream.status != 200:
+                raw = await upstream.read()
+                from polar_mitm.router import engine_message
+
+                try:
+                    data = json.loads(raw or b"{}")
+                except ValueError:
+                    data = {"error": {"message": raw[:500].decode(errors="replace")}}
+                return self._error(call, ProviderError(400 if upstream.status == 400 else 502,
+                                                       f"inference engine answered {upstream.status}: "
+                                                       f"{engine_message(data)}", "api_error"))
+            translator = StreamTranslator(router.engine, call, router.model, router.finish)
+            response = web.StreamResponse(status=200, headers=SSE_HEADERS)
+            await response.prepare(request)
+            try:
+                await response.write(translator.start())
+                try:
+                    async for chunk in chunks(upstream, router.client.timeouts):
+                        out = translator.feed(chunk)
+                        if out:
+                            await response.write(out)
+                except ProviderError as e:  # the engine stalled or broke off
+                    translator.error = e.message.removeprefix("polar: ")
+                await response.write(translator.end())
+                await response.write_eof()
+            except ConnectionResetError:
+                self._client_gone(call)
+            except asyncio.CancelledError:
+                self._client_gone(call)
+                raise
+        return response
+
+    def _client_gone(self, call: Call) -> None:
+        if call.recorded:
+            return
+        call.flags.append("truncated")
+        try:
+            self.router.finish(call, None, None, "client disconnected")
+        except CaptureError:
+            pass  # logged by Capture; nobody is listening any more
