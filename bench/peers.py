@@ -20,6 +20,7 @@ import asyncio
 import json
 import os
 import platform
+import secrets
 import statistics
 import subprocess
 import sys
@@ -80,7 +81,8 @@ def chat_body(stream: bool, tokens: int) -> dict:
                          {"role": "user", "content": "list the files, then stop"}]}
 
 
-async def closed_loop(url: str, concurrency: int, calls: int | None, seconds: float | None) -> list[float]:
+async def closed_loop(url: str, concurrency: int, calls: int | None, seconds: float | None,
+                      key: str | None = None) -> list[float]:
     """Latencies (ms) of non-streamed chat calls, `concurrency` clients each sending its next call when the
     last one is answered, until `calls` calls or `seconds` have passed."""
     latencies: list[float] = []
@@ -89,7 +91,7 @@ async def closed_loop(url: str, concurrency: int, calls: int | None, seconds: fl
     connector = aiohttp.TCPConnector(limit=concurrency)
     async with aiohttp.ClientSession(connector=connector) as http:
         async def worker(k: int) -> None:
-            headers = {"authorization": f"Bearer w{k}", "content-type": "application/json"}
+            headers = {"authorization": f"Bearer {key or f'w{k}'}", "content-type": "application/json"}
             while (calls is None or len(latencies) < calls) and (deadline is None or time.perf_counter() < deadline):
                 t = time.perf_counter()
                 async with http.post(url, data=body, headers=headers) as r:
@@ -102,14 +104,14 @@ async def closed_loop(url: str, concurrency: int, calls: int | None, seconds: fl
     return latencies
 
 
-async def first_token_ms(url: str, body: dict, repeats: int) -> float:
+async def first_token_ms(url: str, body: dict, repeats: int, key: str | None = None) -> float:
     """Median time from sending a streamed call to the first event carrying content (or output ids)."""
     times = []
     async with aiohttp.ClientSession() as http:
         for i in range(repeats):
             t = time.perf_counter()
             first = None
-            async with http.post(url, json=body, headers={"authorization": f"Bearer ttft{i}"}) as r:
+            async with http.post(url, json=body, headers={"authorization": f"Bearer {key or f'ttft{i}'}"}) as r:
                 async for line in r.content:
                     if first is None and _has_token(line):
                         first = time.perf_counter()
@@ -128,12 +130,14 @@ def _has_token(line: bytes) -> bool:
     return any((c.get("delta") or {}).get("content") for c in event.get("choices") or [])
 
 
-def measure(name: str, url: str, pid: int, sizes: dict) -> dict:
-    asyncio.run(closed_loop(url, 8, sizes["warm"], None))
+def measure(name: str, url: str, pid: int, sizes: dict, key: str | None = None) -> dict:
+    """One path at concurrency 1 and 8. `key`: the API key every call sends (default: one per client,
+    which Polar's open mode takes as the session)."""
+    asyncio.run(closed_loop(url, 8, sizes["warm"], None, key))
     row: dict = {"path": name}
     for conc, calls, seconds in ((1, sizes["c1"], None), (8, None, sizes["c8_s"])):
         cpu0, t0 = proc_tree_cpu_ms(pid), time.perf_counter()
-        lat = asyncio.run(closed_loop(url, conc, calls, seconds))
+        lat = asyncio.run(closed_loop(url, conc, calls, seconds, key))
         elapsed, cpu = time.perf_counter() - t0, proc_tree_cpu_ms(pid) - cpu0
         row[f"c{conc}"] = {"calls": len(lat), "calls_per_s": len(lat) / elapsed, "cpu_ms_per_call": cpu / len(lat),
                            "p50_ms": statistics.median(lat), "p99_ms": sorted(lat)[int(0.99 * (len(lat) - 1))]}
@@ -200,14 +204,15 @@ def run(sizes: dict) -> dict:
 
         if LITELLM.exists():
             port = free_port()
+            key = "sk-bench-" + secrets.token_hex(16)  # LiteLLM refuses to start without a master key
             env = dict(os.environ, LITELLM_LOCAL_MODEL_COST_MAP="True", LITELLM_TELEMETRY="False",
-                       NO_DOCS="True", DISABLE_ADMIN_UI="True")
+                       NO_DOCS="True", DISABLE_ADMIN_UI="True", LITELLM_MASTER_KEY=key)
             cmd = [str(LITELLM), "--config", str(litellm_config(tmp, engine)), "--host", "127.0.0.1",
                    "--port", str(port), "--num_workers", "1"]
             with service(cmd, port, tmp / "litellm.log", env, timeout=180) as pid:
                 url = f"http://127.0.0.1:{port}{chat}"
-                results["rows"].append(measure("litellm", url, pid, sizes))
-                results["ttft_ms"]["litellm"] = asyncio.run(first_token_ms(url, stream_body, sizes["ttft"]))
+                results["rows"].append(measure("litellm", url, pid, sizes, key))
+                results["ttft_ms"]["litellm"] = asyncio.run(first_token_ms(url, stream_body, sizes["ttft"], key))
             results["litellm_version"] = _litellm_version()
         else:
             print(f"peers: LiteLLM skipped: {LITELLM} is not installed (make bench runs bench/setup_litellm.sh)")
