@@ -80,3 +80,26 @@ def test_sessions_are_read_one_at_a_time(capture, write_records, make_record):
     files[1].path.write_text("garbage\n")  # not read yet: a lazy reader only fails when it gets there
     with pytest.raises(ValueError):
         next(sessions)
+
+
+@pytest.mark.parametrize("strategy", ["prefix_merge", "per_request"])
+def test_linear_captures_build_the_same_trajectories(tmp_path, chain_session, make_record, write_records, strategy):
+    """The same sessions written in format 1 and in the linear form give the same Parquet rows."""
+    from polar_traj.build import BuildConfig
+    from polar_traj.captures import CaptureWriter
+    from polar_traj.parquet import read
+    from polar_traj.pipeline import Selection, build_parquet
+
+    main = chain_session(6, session_id="s1", system=tuple(range(1, 60)))
+    side = make_record(list(range(1, 60)) + [7], [8, 99], call_id="side", session_id="s1", started_at=2.5)
+    records = main[:3] + [side] + main[3:] + chain_session(2, session_id="s2", system=tuple(range(1, 60)))
+    write_records(tmp_path / "f1", records)
+    writer = CaptureWriter(tmp_path / "linear")
+    for r in records:
+        writer.write(r)
+    assert '"prompt_prefix"' in (tmp_path / "linear" / "task" / "s1.jsonl").read_text()
+    rows = {}
+    for form in ("f1", "linear"):
+        build_parquet(Selection(tmp_path / form), tmp_path / f"{form}.parquet", BuildConfig(strategy=strategy))
+        rows[form] = read(tmp_path / f"{form}.parquet").to_pylist()
+    assert rows["linear"] == rows["f1"] and len(rows["f1"]) >= 2
