@@ -11,6 +11,7 @@ SUBCOMMANDS = {
     "proxy": "polar_mitm.cli",
     "traj": "polar_traj.cli",
     "run": "polar.run_cli",
+    "submit": "polar.submit_cli",  # also status, cancel, policy
     "report": "polar.report",
 }
 

@@ -132,31 +132,27 @@ def cancellable() -> Iterator[None]:
 
 
 def abandon(attempt: Path, proxy: ProxyHandle, reason: str, kind: str) -> None:
-    """Mark an attempt abandoned: its session ends, its capture moves into the attempt folder, never trained on."""
+    """Mark an attempt abandoned: its session ends and its sandbox stops (polar.sample.cleanup_sample), its capture
+    moves into the attempt folder, ABANDONED.json says why; nothing of it is trained on."""
     session = _session_of(attempt)
     moved = []
     if session:
+        from polar.sample import cleanup_sample
+
+        cleanup_sample(attempt)
         src = proxy.capture_dir / session["task_id"] / f"{session['session_id']}.jsonl"
         if src.exists():
             dst = attempt / "abandoned-captures" / session["task_id"] / src.name
             dst.parent.mkdir(parents=True, exist_ok=True)
             shutil.move(src, dst)
             moved.append(str(dst))
-        if session.get("token") and proxy.sessions != "open":
-            from polar_mitm.sessions import unregister_session
-
-            unregister_session(proxy.sessions, session["token"])
     write_json(attempt / ABANDONED, {"reason": reason, "kind": kind, "at": time.time(), "captures": moved})
 
 
 def _session_of(attempt: Path) -> dict[str, str] | None:
-    """The attempt's session (task_id, session_id, token) from polar.sample's sample.json."""
+    """The attempt's session {task_id, session_id, token} from polar.sample's sample.json."""
     path = attempt / "sample.json"
     if not path.exists():
         return None
-    data = json.loads(path.read_text())
-    session = data.get("session") if isinstance(data.get("session"), dict) else data
-    if not session.get("session_id"):
-        return None
-    return {"task_id": session.get("task_id") or data.get("task_id") or "local",
-            "session_id": session["session_id"], "token": session.get("token") or ""}
+    session = json.loads(path.read_text()).get("session")
+    return session if isinstance(session, dict) and session.get("session_id") else None

@@ -114,6 +114,7 @@ def finalize(step: Step, data: dict[str, Any]) -> None:
     """Store the sample's final result; the last of its group to finish queues the group's advantages."""
     manifest = step.manifest
     data["attempts"] = len(flow.attempts(sample_dir(manifest, step.sample_id)))
+    data["node"] = step.ctx.settings.node
     write_json(result_path(manifest, step.sample_id), data)
     masked = data.get("status") == "error" or data.get("failure") == "infrastructure"
     step.update(stage="masked" if masked else "done", status=data.get("status"), failure=data.get("failure"),

@@ -48,7 +48,10 @@ def start_engine_log(upstream: str) -> tuple[EngineLog, callable]:
     async def main() -> None:
         session = ClientSession(timeout=ClientTimeout(total=None))
         app = web.Application(client_max_size=256 * 1024 * 1024)
-        app.router.add_route("*", "/{tail:.*}", lambda request: _forward(log, session, request))
+        async def handle(request: web.Request) -> web.StreamResponse:
+            return await _forward(log, session, request)
+
+        app.router.add_route("*", "/{tail:.*}", handle)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)

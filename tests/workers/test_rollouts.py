@@ -1,0 +1,276 @@
+"""The rollout service end to end: real Redis, two real `celery -A workers worker` processes as two nodes (each
+with its own proxy), the real reference server behind a request log, real Pi sessions in bubblewrap sandboxes,
+the evaluator deciding rewards (tests/workers/rollout_policy.yaml: a coin the agent flips with a shell line).
+
+Batches: three tasks x group size 4 over both nodes; a worker process SIGKILLed mid-run; cancel; early stop;
+the weight-sync fence with a weight reload; an unreachable image (retried, then masked)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Callable, Iterator
+
+from dataclasses import asdict
+
+import httpx
+import pandas as pd
+import pytest
+import yaml
+
+from polar.client import PolarClient
+from polar.services import context_view
+from polar_traj.reading import SessionFile, read_session
+from tests.prompt_oracle import assert_prompt_faithful
+from tests.workers.cluster import Node, node_env, spawn_node, wait_ready
+from tests.workers.engine_log import EngineLog, start_engine_log
+
+pytestmark = pytest.mark.slow
+
+HERE = Path(__file__).parent
+TASKS = {
+    "coin": {"instruction": "Flip the coin.", "evaluator": {"command": "grep -qx heads coin.txt", "timeout_s": 30}},
+    "slow": {"instruction": "Wait SLOW.", "evaluator": {"command": "test -f waited.txt", "timeout_s": 30}},
+    "long": {"instruction": "Wait LONG.", "evaluator": {"command": "true", "timeout_s": 30}},
+    "count": {"instruction": "Count to three.",
+              "evaluator": {"command": "test $(wc -l < count.txt) -eq 3", "timeout_s": 30}},
+}
+
+
+class Cluster:
+    def __init__(self, root: Path, broker: str, sessions: str, engine: str, log: EngineLog, model: Path,
+                 nodes: list[Node]) -> None:
+        self.root, self.broker, self.sessions, self.engine, self.log, self.model = (root, broker, sessions, engine,
+                                                                                    log, model)
+        self.nodes = {n.name: n for n in nodes}
+        self.client = PolarClient(broker, sessions)
+        self.count = 0
+
+    def tasks_file(self, *tasks: tuple[str, str], image: str = "host") -> Path:
+        """A tasks file: (task_id, kind) pairs, Pi, the host image (bwrap runtime)."""
+        self.count += 1
+        path = self.root / f"tasks-{self.count}.yaml"
+        entries = [{"task_id": tid, "adapter": "pi", "image": image, "timeout_s": 240, **TASKS[kind]}
+                   for tid, kind in tasks]
+        path.write_text(yaml.safe_dump({"tasks": entries}))
+        return path
+
+    def submit(self, *tasks: tuple[str, str], image: str = "host", **kwargs):
+        return self.client.submit(self.tasks_file(*tasks, image=image), out=self.root / "batches", **kwargs)
+
+    def diagnose(self, batch) -> str:
+        logs = "\n".join(f"--- {n.name}\n{n.log.read_text(errors='replace')[-4000:]}" for n in self.nodes.values())
+        return f"{batch.progress().line()}\n{json.dumps(batch.samples(), indent=1)}\n{logs}"
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory, tiny_model_dir: Path, start_reference_server: Callable[..., str],
+            redis_base: str) -> Iterator[Cluster]:
+    root = tmp_path_factory.mktemp("rollouts")
+    model = context_view(tiny_model_dir, 65536, root / "model")
+    engine = start_reference_server(HERE / "rollout_policy.yaml", model)
+    log, stop_log = start_engine_log(engine)
+    broker, sessions = redis_base + "/1", redis_base + "/0"
+    nodes = []
+    try:
+        for name in ("n1", "n2"):
+            nodes.append(spawn_node(node_env(broker, sessions, log.url, model, root, name, runtime="auto")))
+        for n in nodes:
+            wait_ready(n)
+        yield Cluster(root, broker, sessions, engine, log, model, nodes)
+    finally:
+        for n in nodes:
+            n.stop()
+        stop_log()
+
+
+def wait_for(predicate: Callable[[], object], timeout_s: float, what: str) -> object:
+    deadline = time.monotonic() + timeout_s
+    while not (value := predicate()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)
+    return value
+
+
+def records(folder: Path, pattern: str = "*.jsonl", skip: str | None = None) -> list[dict]:
+    """CallRecords (as dicts, payloads included) in the capture files under `folder`, each call once, leaving
+    out paths containing `skip`; read with polar_traj's reader (either capture format)."""
+    found: dict[str, dict] = {}
+    for f in sorted(folder.rglob(pattern)):
+        if skip is None or skip not in str(f):
+            session = read_session(SessionFile(f.parent.name, f.name[:-len(".jsonl")], f), payloads=True,
+                                   strict=False)
+            for record in session.records:
+                found.setdefault(record.call_id, asdict(record))
+    return list(found.values())
+
+
+def sample_records(cluster: Cluster, sample_id: str) -> list[dict]:
+    """CallRecords of a sample's live session, on whichever node's proxy it ran."""
+    return [r for n in cluster.nodes for r in records(cluster.root / "nodes" / n / "captures", f"*{sample_id}*")]
+
+
+def sandbox_processes(path: Path) -> list[str]:
+    """Processes whose command line names `path` (a bwrap sandbox binds its attempt folder)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if str(path) in cmd:
+                found.append(f"{proc.name}: {cmd[:200]}")
+    return found
+
+
+def test_batch_of_groups_over_two_nodes(cluster: Cluster, tiny_model_dir: Path):
+    batch = cluster.submit(("coin-a", "coin"), ("coin-b", "coin"), ("coin-c", "coin"), group_size=4)
+    try:
+        p = batch.wait(timeout=900)
+    except TimeoutError:
+        pytest.fail(cluster.diagnose(batch))
+    assert (p.status, p.done, p.masked, p.groups_done) == ("completed", 12, 0, 3), cluster.diagnose(batch)
+    assert set(p.nodes) == {"n1", "n2"}  # samples ran on both nodes
+    results = {r["sample_id"]: r for r in batch.results()}
+    assert len(results) == 12
+    for sid, res in results.items():
+        coin = list((batch.dir / "samples" / sid).glob("attempt-1/**/coin.txt"))
+        assert len(coin) == 1, sid
+        assert res["status"] == "completed" and res["reward"] == (1.0 if coin[0].read_text() == "heads" else 0.0)
+    df = batch.trajectories()
+    assert not df.trajectory_id.duplicated().any()
+    assert pd.read_parquet(batch.dir / "trajectories").shape == df.shape  # plain pandas reads the dataset
+    for group_id, rows in df.groupby("group_id"):
+        members = [s for s in batch.manifest.group(group_id)]
+        rewards = {s.sample_id: results[s.sample_id]["reward"] for s in members}
+        mean = sum(rewards.values()) / len(rewards)
+        for _, row in rows.iterrows():
+            sid = json.loads(row.metadata)["sample"]["sample_id"]
+            assert row.reward == rewards[sid] and row.advantage == pytest.approx(rewards[sid] - mean)
+            assert row.weight == 1.0 and row.status == "completed"
+    assert df.session_id.nunique() == 12
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    calls = records(batch.dir / "samples")
+    assert {c for ids in df.call_ids for c in ids} <= {r["call_id"] for r in calls}
+    for record in calls:
+        assert record["error"] is None
+        assert_prompt_faithful(record, tokenizer)
+
+
+def test_worker_killed_mid_run_is_redelivered(cluster: Cluster):
+    batch = cluster.submit(("slow-a", "slow"), group_size=1)
+    sid = batch.manifest.samples[0].sample_id
+    wait_for(lambda: batch.samples()[sid].get("stage") == "run" and sample_records(cluster, sid), 300,
+             "the first call of the slow sample")
+    first_calls = sample_records(cluster, sid)
+    node = cluster.nodes[batch.samples()[sid]["node"]]
+    pids = node.pool_pids()
+    assert len(pids) == 1
+    os.kill(pids[0], signal.SIGKILL)  # the pool process running the harness; the node respawns it
+    try:
+        p = batch.wait(timeout=600)
+    except TimeoutError:
+        pytest.fail(cluster.diagnose(batch))
+    assert (p.status, p.done) == ("completed", 1), cluster.diagnose(batch)
+    result = batch.results()[0]
+    assert (result["status"], result["reward"], result["attempts"]) == ("completed", 1.0, 2)
+    first = batch.dir / "samples" / sid / "attempt-1"
+    assert json.loads((first / "ABANDONED.json").read_text())["kind"] == "worker_lost"
+    kept = records(first / "abandoned-captures")
+    assert [r["call_id"] for r in kept][:len(first_calls)] == [r["call_id"] for r in first_calls]  # none lost
+    df = batch.trajectories()
+    assert len(df) >= 1 and not df.trajectory_id.duplicated().any()
+    trained = {c for ids in df.call_ids for c in ids}
+    assert trained and not trained & {r["call_id"] for r in kept}  # the abandoned attempt is not trained on
+
+
+def test_cancel_stops_running_and_queued(cluster: Cluster):
+    batch = cluster.submit(("long-a", "long"), group_size=4)
+    ids = [s.sample_id for s in batch.manifest.samples]
+    running = wait_for(lambda: [s for s in ids if batch.samples()[s].get("stage") == "run"
+                                and sample_records(cluster, s)] if sum(
+        1 for s in ids if batch.samples()[s].get("stage") == "run" and sample_records(cluster, s)) == 2 else None,
+        300, "two harnesses running")
+    queued = [s for s in ids if batch.samples()[s].get("stage") == "queued"]
+    assert len(queued) == 2  # one run slot per node: the other two wait in the queue
+    assert batch.cancel()
+    try:
+        p = batch.wait(timeout=300)
+    except TimeoutError:
+        pytest.fail(cluster.diagnose(batch))
+    assert (p.status, p.cancelled) == ("cancelled", 4)
+    for s in queued:
+        assert not (batch.dir / "samples" / s).exists()  # never started
+    for s in running:
+        attempt = batch.dir / "samples" / s / "attempt-1"
+        assert wait_for(lambda: not sandbox_processes(attempt), 60, f"sandbox of {s} gone")
+    assert not batch.cancel()  # already finished
+
+
+def test_early_stop_after_min_groups(cluster: Cluster):
+    batch = cluster.submit(("coin-x", "coin"), ("long-y", "long"), group_size=2, min_groups=1)
+    try:
+        p = batch.wait(timeout=600)
+    except TimeoutError:
+        pytest.fail(cluster.diagnose(batch))
+    assert (p.status, p.groups_done, p.done, p.cancelled) == ("completed", 1, 2, 2), cluster.diagnose(batch)
+    df = batch.trajectories()
+    assert set(df.task_id) == {"coin-x"}
+    for s in batch.manifest.group(batch.manifest.groups[1]):
+        for attempt in (batch.dir / "samples" / s.sample_id).glob("attempt-*"):
+            assert wait_for(lambda: not sandbox_processes(attempt), 60, f"sandbox of {s.sample_id} gone")
+
+
+def test_unreachable_image_is_retried_then_masked(cluster: Cluster):
+    batch = cluster.submit(("broken", "coin"), group_size=1, image=str(cluster.root / "no-such-image.sif"))
+    try:
+        p = batch.wait(timeout=300)
+    except TimeoutError:
+        pytest.fail(cluster.diagnose(batch))
+    assert (p.status, p.masked, p.groups_done) == ("completed", 1, 1)
+    result = batch.results()[0]
+    assert (result["status"], result["failure"], result["attempts"]) == ("error", "infrastructure", 3)
+    assert "no-such-image" in result["reason"]
+    sdir = batch.dir / "samples" / result["sample_id"]
+    kinds = [json.loads((sdir / f"attempt-{k}" / "ABANDONED.json").read_text())["kind"] for k in (1, 2)]
+    assert kinds == ["infrastructure", "infrastructure"]
+    assert batch.progress().reward_mean is None
+    df = batch.trajectories()
+    assert (df.weight == 0).all()  # whatever it recorded is masked
+
+
+def test_fence_holds_calls_across_a_weight_reload(cluster: Cluster):
+    before = httpx.get(cluster.engine + "/get_model_info").json()["weight_version"]
+    batch = cluster.submit(("count-a", "count"), group_size=4)
+    ids = [s.sample_id for s in batch.manifest.samples]
+    wait_for(lambda: sum(1 for s in ids if sample_records(cluster, s)) >= 2, 300, "two sessions under way")
+    cluster.client.pause(timeout_s=120)
+    paused_at = time.time()
+    assert cluster.client.is_paused()
+    reply = httpx.post(cluster.engine + "/update_weights_from_disk", json={"model_path": str(cluster.model)},
+                       timeout=120).json()
+    assert reply["success"] and reply["weight_version"] != before
+    time.sleep(2.0)  # a window in which the harnesses ask for their next calls
+    resumed_at = time.time()
+    cluster.client.resume()
+    try:
+        p = batch.wait(timeout=600)
+    except TimeoutError:
+        pytest.fail(cluster.diagnose(batch))
+    assert (p.status, p.done) == ("completed", 4), cluster.diagnose(batch)  # nothing failed
+    assert all(r["reward"] == 1.0 for r in batch.results())
+    during = [e for e in cluster.log.generations() if paused_at < e["start"] < resumed_at]
+    assert during == []  # no engine call started while paused
+    calls = [r for s in ids for r in records(batch.dir / "samples" / s, skip="abandoned-captures")]
+    held = [r for r in calls if r["started_at"] < resumed_at < r["ended_at"] and r["started_at"] > paused_at]
+    assert held and all(r["error"] is None for r in calls)  # held calls completed after the resume
+    versions = {str(r["policy_version"]) for r in calls}
+    assert len(versions) == 2 and str(reply["weight_version"]) in versions
+    df = batch.trajectories()
+    assert (df.policy_version_max > df.policy_version_min).any()

@@ -1,0 +1,53 @@
+"""`polar submit | status | cancel | policy` from the command line: registration, argument errors, the fence
+against a real Redis, status and cancel of a batch that no worker has picked up yet."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from polar.cli import build_parser, main
+
+
+def test_subcommands_are_registered():
+    args = build_parser().parse_args(["submit", "tasks.yaml", "--group-size", "8", "--adapter", "pi", "--wait"])
+    assert (args.group_size, args.adapter, args.wait, args.min_groups) == (8, "pi", True, None)
+    for argv in (["status", "b1"], ["cancel", "b1"], ["policy", "pause"]):
+        assert build_parser().parse_args(argv).func
+
+
+def test_submit_reports_bad_tasks(tmp_path: Path, redis_base: str, capsys):
+    bad = tmp_path / "tasks.yaml"
+    bad.write_text(yaml.safe_dump({"tasks": [{"task_id": "a b", "instruction": "x", "adapter": "pi",
+                                              "evaluator": {"command": "true"}}]}))
+    assert main(["submit", str(bad), "--broker", redis_base + "/1"]) == 2
+    assert "task_id" in capsys.readouterr().err
+    assert main(["status", "no-such-batch", "--broker", redis_base + "/1"]) == 2
+    assert "no batch 'no-such-batch'" in capsys.readouterr().err
+
+
+def test_status_and_cancel_of_a_queued_batch(tmp_path: Path, redis_base: str, capsys):
+    tasks = tmp_path / "tasks.yaml"
+    tasks.write_text(yaml.safe_dump({"tasks": [{"task_id": "a", "instruction": "x", "adapter": "pi", "image": "host",
+                                                "evaluator": {"command": "true"}}]}))
+    broker = ["--broker", redis_base + "/2"]
+    assert main(["submit", str(tasks), "--group-size", "2", "--out", str(tmp_path / "out"), *broker]) == 0
+    batch_id = capsys.readouterr().out.split()[1].rstrip(":")
+    assert (tmp_path / "out" / batch_id / "batch.json").is_file()
+    assert main(["status", batch_id, "--json", *broker]) == 0
+    assert '"queued": 2' in capsys.readouterr().out
+    assert main(["cancel", batch_id, *broker]) == 0
+    assert main(["status", batch_id, *broker]) == 0
+    assert "2 cancelled" in capsys.readouterr().out
+    assert main(["cancel", batch_id, *broker]) == 1  # already finished
+
+
+def test_policy_pause_and_resume(redis_base: str, capsys):
+    broker = ["--broker", redis_base + "/3"]  # the fence lives in the sessions db beside it: db 0
+    assert main(["policy", "pause", "--timeout", "10", *broker]) == 0
+    assert main(["policy", "status", *broker]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "policy: paused"
+    assert main(["policy", "resume", *broker]) == 0
+    assert main(["policy", "status", *broker]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "policy: running"
