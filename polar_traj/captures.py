@@ -181,9 +181,15 @@ class CaptureWriter:
         self.recent, self.max_sessions, self.fsync = recent, max_sessions, fsync
         self._sessions: OrderedDict[tuple[str, str], _SessionState] = OrderedDict()
 
-    def write(self, record: CallRecord) -> Path:
+    def write(self, record: CallRecord, extends: int | None = None) -> Path:
+        """Append one record; the path of its file. `extends`: the caller vouches that the prompt begins with
+        exactly the `prompt_ids + output_ids` of call `record.parent_call_id`, that many ids (the proxy
+        builds a history-substituted prompt that way). The ids are then checked only at the seam, so the
+        cost is in the new ids; without it (or when that call is not remembered) all are compared."""
         state = self._state(record.task_id, record.session_id)
-        prompt = id_bytes(record.prompt_ids)
+        prompt = _vouched(record, extends, state.recent) if extends else None
+        if prompt is None:
+            prompt = id_bytes(record.prompt_ids)
         try:
             with open(state.path, "ab") as f:
                 if f.tell() < state.size:  # the file was replaced or cut: earlier lines are not there to refer to
@@ -217,6 +223,19 @@ class CaptureWriter:
         while len(self._sessions) > self.max_sessions:
             self._sessions.popitem(last=False)
         return state
+
+
+def _vouched(record: CallRecord, extends: int, recent: Sequence[Written]) -> bytes | None:
+    """The prompt's id bytes from its parent's remembered ids and its own new ids, or None when the parent
+    is not remembered or the ids around the seam disagree."""
+    parent = next((w for w in recent if w.call_id == record.parent_call_id), None)
+    if parent is None or len(parent.tokens) != 4 * extends or extends > len(record.prompt_ids):
+        return None
+    seam = max(0, extends - 16)
+    if id_bytes(record.prompt_ids[seam:extends]) != parent.tokens[4 * seam:]:
+        return None
+    new = id_bytes(record.prompt_ids[extends:])
+    return None if new is None else parent.tokens + new
 
 
 @dataclass

@@ -188,3 +188,18 @@ def test_any_session_reads_back_exactly_in_both_formats(tmp_path_factory, make_r
         append_record(root / "full", r)
     assert list(read_capture(linear)) == records
     assert list(read_capture(root / "full" / "task" / "sess.jsonl")) == records
+
+
+def test_a_vouched_extension_is_written_the_same_and_a_false_one_is_not_trusted(capture, make_record):
+    records = agent_session(make_record, 4)
+    writer = CaptureWriter(capture / "vouched")
+    for prev, r in zip([None] + records, records):
+        writer.write(r, extends=len(prev.prompt_ids) + len(prev.output_ids) if prev else None)
+    plain = write_linear(capture / "plain", records)
+    vouched = capture / "vouched" / "task" / "sess.jsonl"
+    assert lines(vouched) == lines(plain) and list(read_capture(vouched)) == records
+    ids = list(records[3].prompt_ids + records[3].output_ids)
+    ids[-2] = 7  # the prompt does not extend c3 after all
+    liar = make_record(ids + [5] * 10, [9, 99], call_id="liar", parent_call_id="c3")
+    writer.write(liar, extends=len(ids))  # the seam check catches it: the ids are compared in full
+    assert list(read_capture(vouched))[-1] == liar
