@@ -109,3 +109,80 @@ def test_shipped_policies_load(policies_dir: Path) -> None:
     echo = load_policy(policies_dir / "echo.yaml")
     assert echo.reply_for(parse_prompt("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")) == (
         "echo", "You said: hi")
+
+
+CHOOSE = {"rules": [{"name": "pick", "choose": [
+    {"name": "fix", "weight": 0.5, "content": "fixed"},
+    {"name": "skip", "weight": 0.5, "reply": "skipped"},
+]}]}
+
+
+def session_prompt(render, workspace: str, turns: int = 0) -> str:
+    """A harness-like prompt: the workspace path in the system turn, `turns` earlier exchanges after it."""
+    messages = [{"role": "system", "content": f"Working directory: {workspace}"}, {"role": "user", "content": "fix"}]
+    for i in range(turns):
+        messages += [{"role": "assistant", "content": f"step {i}"}, {"role": "user", "content": "go on"}]
+    return render(messages)
+
+
+def test_choose_differs_between_sessions_and_stays_within_one(render) -> None:
+    policy = parse_policy(CHOOSE)
+    picks = {}
+    for i in range(40):
+        view = parse_prompt(session_prompt(render, f"/runs/sample-{i}/workspace"))
+        picks[i] = policy.reply_for(view)
+        later = parse_prompt(session_prompt(render, f"/runs/sample-{i}/workspace", turns=2))
+        assert policy.reply_for(later) == picks[i]  # the session keeps its choice from call to call
+    assert set(picks.values()) == {("pick/fix", "fixed"), ("pick/skip", "skipped")}
+    assert 8 <= sum(p[0] == "pick/fix" for p in picks.values()) <= 32
+
+
+def test_choose_follows_the_request_seed(render) -> None:
+    policy = parse_policy(CHOOSE)
+    views = [parse_prompt(session_prompt(render, f"/w{i}")) for i in range(10)]
+    for seed in range(10):
+        assert len({policy.reply_for(v, seed) for v in views}) == 1  # the seed alone decides
+    assert len({policy.reply_for(views[0], seed) for seed in range(30)}) == 2
+
+
+def test_choose_weights_count() -> None:
+    policy = parse_policy({"rules": [{"choose": [{"weight": 9, "reply": "a"}, {"weight": 1, "reply": "b"}]}]})
+    view = parse_prompt("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
+    got = [policy.reply_for(view, seed)[1] for seed in range(400)]
+    assert 320 <= got.count("a") <= 390
+
+
+@pytest.mark.parametrize("data,message", [
+    ({"rules": [{"choose": []}]}, "rules[0].choose: expected a non-empty list"),
+    ({"rules": [{"choose": [{"weight": 0, "reply": "a"}]}]}, "rules[0].choose[0].weight"),
+    ({"rules": [{"choose": [{"weight": 1}]}]}, "rules[0].choose[0]: give either `reply`"),
+    ({"rules": [{"choose": [{"weight": 1, "reply": "a", "when": {}}]}]}, "rules[0].choose[0]: unknown key"),
+    ({"rules": [{"reply": "a", "choose": [{"weight": 1, "reply": "b"}]}]}, "either `choose` or a reply"),
+])
+def test_bad_choose_names_the_problem(data: dict, message: str) -> None:
+    with pytest.raises(ValueError) as err:
+        parse_policy(data)
+    assert message in str(err.value)
+
+
+def test_chosen_reply_is_teacher_forced_with_exact_logprobs(start_reference_server, tmp_path: Path, chat_ids,
+                                                           hf_tokenizer, forward_logprobs) -> None:
+    import httpx
+    import yaml
+
+    policy = tmp_path / "choose.yaml"
+    policy.write_text(yaml.safe_dump(CHOOSE))
+    base = start_reference_server(policy)
+    prompt = chat_ids([{"role": "user", "content": "fix it"}])
+    seen = set()
+    for seed in range(6):
+        body = {"input_ids": prompt, "return_logprob": True,
+                "sampling_params": {"max_new_tokens": 50, "temperature": 1.0, "seed": seed}}
+        resp = httpx.post(f"{base}/generate", json=body, timeout=120).json()
+        rule, ids = resp["meta_info"]["policy_rule"], resp["output_ids"]
+        expected = "fixed" if rule == "pick/fix" else "skipped"
+        assert hf_tokenizer.decode(ids) == expected + "<|im_end|>"
+        lps = [lp for lp, _t, _x in resp["meta_info"]["output_token_logprobs"]]
+        assert lps == pytest.approx(forward_logprobs(prompt, ids), abs=1e-5)
+        seen.add(rule)
+    assert seen == {"pick/fix", "pick/skip"}
