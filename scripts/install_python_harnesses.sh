@@ -15,6 +15,7 @@ source scripts/lib.sh
 HARNESSES=(
   "mini-swe-agent|mini-swe-agent==2.4.6|mini|--help"
   "aider|aider-chat==0.86.2|aider|--version"
+  "hermes-agent|hermes-agent==0.19.0|hermes|--version"
 )
 locks=scripts/harnesses/python
 links=.tools/python/bin
