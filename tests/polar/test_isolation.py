@@ -28,9 +28,11 @@ from polar.runtime import (LOCAL_WARNING, REGISTRY, BwrapRuntime, Mounts, get_ru
 
 ROOT = Path(__file__).resolve().parents[2]
 POLICY = ROOT / "fixtures" / "policies" / "escape-attempts.yaml"
-ISOLATED = ["bwrap"]  # every runtime that claims isolation
+ISOLATED = ["bwrap", "apptainer"]  # every runtime that claims isolation
+IMAGE = ROOT / ".cache" / "images" / "polar-tasks" / "rootfs"  # the demo tasks' image (make setup builds it)
 SMALL = Limits(memory_bytes=512 << 20, processes=128)
-WRITES = ("write-home-parent", "write-checkout", "write-host-home")
+# Writes to read-only places; HOME's parent is read-only in bwrap, a private tmpfs in apptainer: never the host's.
+WRITES = ("write-checkout", "write-host-home")
 READS = ("read-host-home", "read-other-run", "read-checkout")
 
 
@@ -91,8 +93,16 @@ def mounts_in(run: Path) -> Mounts:
     return m
 
 
+def prepare(runtime: str, m: Mounts, limits: Limits):
+    if runtime != "apptainer":
+        return get_runtime(runtime, limits=limits).prepare(m)
+    if not (IMAGE / "usr" / "bin" / "python3").exists():
+        pytest.fail(f"image {IMAGE} missing (make setup builds it: scripts/build_image.sh)")
+    return get_runtime("apptainer").prepare(m, image=str(IMAGE))  # the default limits (exec's cgroup)
+
+
 def sandbox_run(runtime: str, m: Mounts, script: str, limits: Limits = SMALL, timeout: float = 120):
-    sandbox = get_runtime(runtime, limits=limits).prepare(m)
+    sandbox = prepare(runtime, m, limits)
     env = {"PATH": "/usr/bin:/bin", "HOME": str(m.home), "LANG": "C.UTF-8"}
     out, err = m.shared / "out", m.shared / "err"
     result = sandbox.exec(["bash", "-c", script], env, m.workspace, timeout, out, err)
@@ -127,6 +137,7 @@ def assert_contained(host: Host, out: str) -> None:
     tried = attempts(out)
     for name in WRITES + READS + ("reach-host-port",):
         assert tried[name][0] == "refused", f"{name}: {tried[name]}\n{out}"
+    assert "write-home-parent" in tried and "write-host-tmp" in tried
     assert "secret of" not in out and "# Polar" not in out
     assert host.written() == []
     assert host.accepted == []  # nothing reached the host's listener
@@ -156,7 +167,7 @@ def test_fork_bomb_is_bounded_and_the_node_keeps_serving(runtime, host):
     assert again.exit_code == 0 and out == "still-serving\n"
 
 
-@pytest.mark.parametrize("runtime", ["local", *ISOLATED])
+@pytest.mark.parametrize("runtime", ["local", "bwrap"])  # apptainer runs with the default limits (4 GiB)
 def test_memory_is_bounded(runtime, tmp_path):
     m = mounts_in(tmp_path)
     hog = "python3 -c \"b = b'x' * (1 << 30); print('allocated', len(b))\"; echo exit=$?"
@@ -188,9 +199,9 @@ def test_bwrap_view_is_minimal(tmp_path):
     (tmp_path / "other-run").mkdir()  # a sibling run folder on the host
     script = ("ls /; echo --; ls -A /etc; echo --; ls -A " + str(ROOT) + "; echo --; "
               "for d in /root /home /var /srv /opt /work/shared /sys; do [ -e $d ] && echo $d; done; echo --; "
-              f"ls -A {tmp_path}; ls -A {tmp_path / 'run'}")
+              f"ls -A {tmp_path}; ls -A {tmp_path / 'run'}; echo --; touch {tmp_path / 'run' / 'x'} || echo ro")
     result, out, err = sandbox_run("bwrap", m, script)
-    root, etc, checkout, present, tmp = [part.split() for part in out.split("--\n")]
+    root, etc, checkout, present, tmp, run = [part.split() for part in out.split("--\n")]
     assert result.exit_code == 0, err
     assert set(root) <= {"bin", "dev", "etc", "lib", "lib32", "lib64", "libx32", "proc", "sbin", "tmp", "usr",
                          ROOT.parts[1]}
@@ -198,6 +209,7 @@ def test_bwrap_view_is_minimal(tmp_path):
     assert checkout == [".tools"]  # the harness CLIs, nothing else of the checkout
     assert present == []
     assert tmp == ["run", "home", "sandbox", "workspace"]  # this run's binds only, not its siblings
+    assert run[-1] == "ro" and not (tmp_path / "run" / "x").exists()  # HOME's parent is read-only
 
 
 def test_auto_is_the_most_isolated_installed():
@@ -219,6 +231,7 @@ def test_local_warns_that_the_host_is_writable(host, capsys):
     assert warning == [LOCAL_WARNING] and "host" in warning[0]
     tried = attempts(out)
     assert result.exit_code == 0 and all(tried[n][0] == "done" for n in WRITES + READS), out
+    assert tried["write-home-parent"][0] == tried["write-host-tmp"][0] == "done"
     assert len(host.written()) == 4  # the run's folder, host /tmp, the checkout, the host user's home
 
 
