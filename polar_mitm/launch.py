@@ -71,18 +71,26 @@ def _tail(log: Path, n: int = 3000) -> str:
         return ""
 
 
-def start_proxy(workdir: Path, backend: str, model_dir: Path, *extra: str) -> tuple[subprocess.Popen, ProxyProcess]:
-    """mitmdump on two fresh loopback ports; the caller stops the returned process."""
+def start_proxy(workdir: Path, backend: str, model_dir: Path, *extra: str, hosts_file: Path | None = None,
+                reverse_target: str | None = None) -> tuple[subprocess.Popen, ProxyProcess]:
+    """mitmdump on two fresh loopback ports; the caller stops the returned process.
+
+    `hosts_file` (tests, root only): run it in a private mount namespace where that file is /etc/hosts, so a
+    provider hostname can point at a local listener. `reverse_target`: the base-URL listener's target
+    (default the engine; Polar never forwards to it, see polar_mitm/egress.py)."""
     workdir.mkdir(parents=True, exist_ok=True)
     p1, p2 = free_port(), free_port()
     confdir, capture, log = workdir / "mitm", workdir / "captures", workdir / "mitmdump.log"
     cmd = [
         str(Path(sys.executable).parent / "mitmdump"), "-q", "-s", str(ADDON),
-        "--mode", f"regular@127.0.0.1:{p1}", "--mode", f"reverse:{backend}@127.0.0.1:{p2}",
+        "--mode", f"regular@127.0.0.1:{p1}", "--mode", f"reverse:{reverse_target or backend}@127.0.0.1:{p2}",
         "--set", f"confdir={confdir}", "--set", "connection_strategy=lazy",
         "--set", f"polar_backend={backend}", "--set", f"polar_tokenizer={model_dir}",
         "--set", f"polar_capture_dir={capture}", *extra,
     ]
+    if hosts_file is not None:
+        cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+               'mount --bind "$0" /etc/hosts && exec "$@"', str(hosts_file), *cmd]
     env = dict(os.environ, HF_HUB_OFFLINE="1")
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=workdir)

@@ -114,6 +114,11 @@ class StreamRelay:
                             await response.write(out)
                 except ProviderError as e:  # the engine stalled or broke off
                     translator.error = e.message.removeprefix("polar: ")
+                except (ConnectionResetError, asyncio.CancelledError):
+                    raise
+                except Exception as e:  # a translation bug: end the stream with the error, record it
+                    log.exception("polar: call %s: translating the stream failed", call.call_id)
+                    translator.error = f"internal error in the stream translator ({type(e).__name__})"
                 await response.write(translator.end())
                 await response.write_eof()
             except ConnectionResetError:

@@ -46,26 +46,33 @@ class StreamTranslator:
         return b"".join(out)
 
     def end(self) -> bytes:
-        out = []
+        out: list[bytes] = []
         try:
             out = [self.encoder.feed(e) for e in finish_events(self.call)]
-        except Exception as e:  # a parser or encoder bug must still end in a record and an error event
-            log.exception("polar: call %s: finishing the reply failed", self.call.call_id)
-            self.error = self.error or f"polar: internal error finishing the reply ({type(e).__name__})"
-        if self.error is None and self.call.output.finish_reason is None:
-            self.error = "engine stream ended before the last token"
-        if self.error and "truncated" not in self.call.flags:
-            self.call.flags.append("truncated")
-        completion = completion_of(self.call, self.model.stop_ids)
-        body = CODECS[self.call.route.api].render_response(completion)
-        try:
+            if self.error is None and self.call.output.finish_reason is None:
+                self.error = "engine stream ended before the last token"
+            if self.error and "truncated" not in self.call.flags:
+                self.call.flags.append("truncated")
+            completion = completion_of(self.call, self.model.stop_ids)
+            body = CODECS[self.call.route.api].render_response(completion)
             self.finish(self.call, completion, body, self.error)
-        except CaptureError as e:
-            self.error = str(e)
+        except Exception as e:  # a parser, encoder or capture failure still ends in a record and an error event
+            if not isinstance(e, CaptureError):
+                log.exception("polar: call %s: finishing the reply failed", self.call.call_id)
+            self.error = str(e) if isinstance(e, CaptureError) else f"internal error finishing the reply ({type(e).__name__})"
+            self._record_error()
             return b"".join(out) + self.error_event(self.error)
         if self.error:
             return b"".join(out) + self.error_event(self.error)
         return b"".join(out) + self.encoder.finish(completion)
+
+    def _record_error(self) -> None:
+        if self.call.recorded:
+            return
+        try:
+            self.finish(self.call, None, None, self.error)
+        except Exception:
+            log.exception("polar: call %s: the error record could not be written either", self.call.call_id)
 
     def error_event(self, message: str, status: int = 502, kind: str = "api_error") -> bytes:
         log.error("polar: call %s: %s", self.call.call_id, message)

@@ -40,8 +40,8 @@ class Proxy:
         return httpx.Client(proxy=self.proxy_url(session, token), verify=str(self.process.ca), timeout=60)
 
 
-def start_proxy(tmp: Path, backend: str, model_dir: Path, *extra: str):
-    proc, handle = launch.start_proxy(tmp, backend, model_dir, *extra)
+def start_proxy(tmp: Path, backend: str, model_dir: Path, *extra: str, **kwargs):
+    proc, handle = launch.start_proxy(tmp, backend, model_dir, *extra, **kwargs)
     return proc, Proxy(handle)
 
 

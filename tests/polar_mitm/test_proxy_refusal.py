@@ -17,9 +17,10 @@ from tests.redis_server import redis_server
 class CountingListener:
     """A TCP listener on 127.0.0.1 that only counts connections: proof that nothing reached it."""
 
-    def __init__(self) -> None:
+    def __init__(self, port: int = 0) -> None:
         self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", port))
         self.sock.listen()
         self.port = self.sock.getsockname()[1]
         self.peers: list[tuple[str, int]] = []  # in the order accepted

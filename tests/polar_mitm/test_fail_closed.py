@@ -1,0 +1,77 @@
+"""The proxy fails closed (DESIGN.md §2, issue 8): when any of Polar's own steps raises, the harness gets its
+provider's 500 (or the stream's error event), an error record is written, and nothing leaves the machine —
+checked with listeners bound as the provider hostnames (a private /etc/hosts) and as the reverse target."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from polar_mitm.launch import stop
+from tests.polar_mitm.conftest import start_proxy
+from tests.polar_mitm.provider_requests import APIS, is_provider_error, provider_request, send, stream_error
+from tests.polar_mitm.test_proxy_refusal import CountingListener
+
+FAULT_ADDON = Path(__file__).with_name("fault_addon.py")
+PROVIDER_HOSTS = ("api.openai.com", "api.anthropic.com", "generativelanguage.googleapis.com",
+                  "dashscope.aliyuncs.com", "dashscope-intl.aliyuncs.com")
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="binds port 443 and mounts a private /etc/hosts")
+
+
+@pytest.fixture(scope="module")
+def provider_host(tmp_path_factory):
+    """A listener on 127.0.0.1:443 and an /etc/hosts that sends every provider hostname to it."""
+    listener = CountingListener(443)
+    hosts = tmp_path_factory.mktemp("hosts") / "hosts"
+    hosts.write_text("127.0.0.1 localhost\n" + "".join(f"127.0.0.1 {h}\n" for h in PROVIDER_HOSTS))
+    yield listener, hosts
+    listener.sock.close()
+
+
+def fault_proxy(tmp_path, reference_server, model_dir, hosts, fault: str):
+    return start_proxy(tmp_path, reference_server, model_dir, "-s", str(FAULT_ADDON),
+                       "--set", f"polar_test_fault={fault}", hosts_file=hosts, reverse_target="http://127.0.0.1:443")
+
+
+def records_of(proxy) -> list[dict]:
+    return [json.loads(line) for f in sorted(proxy.capture_dir.glob("*/*.jsonl"))
+            for line in f.read_text().splitlines() if line.strip()]
+
+
+# Steps before the session is known fail with no record; every later step leaves an error record.
+FAULTS = {"guard": False, "auth": False, "parse": True, "prompt": True, "engine_request": True, "reply": True,
+          "capture": True}
+
+
+@needs_root
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+def test_a_failing_step_answers_500_records_and_sends_nothing(fault, tmp_path, reference_server, tiny_model_dir,
+                                                               provider_host):
+    listener, hosts = provider_host
+    before = listener.accepted_before_now()
+    proc, proxy = fault_proxy(tmp_path, reference_server, tiny_model_dir, hosts, fault)
+    try:
+        for api in APIS:
+            for stream in (False, True):
+                for via in ("https_proxy", "base_url"):
+                    req = provider_request(api, "hello", stream, key=f"k-{api}-{stream}-{via}")
+                    r = send(proxy, req, via, session=f"s-{api}-{stream}-{via}".replace("s-", "run-"))
+                    where = f"{fault}: {api} stream={stream} via {via}"
+                    if r.status_code == 200:  # the stream had begun: it must end in the provider's error event
+                        assert stream and fault in ("reply", "capture"), where
+                        assert stream_error(api, r.text), f"{where}: no error event in {r.text[-300:]!r}"
+                    else:
+                        assert r.status_code == 500 and is_provider_error(api, r.json()), f"{where}: {r.text[:300]}"
+        # (the first probe connection is the one counted in between)
+        assert listener.accepted_before_now() == before + 1, "a request reached a provider host or the reverse target"
+        errors = [rec for rec in records_of(proxy) if rec["error"]]
+        if FAULTS[fault]:
+            assert len(errors) == 16 and not [rec for rec in records_of(proxy) if not rec["error"]]
+        else:
+            assert errors == []
+        log = proxy.log.read_text()
+        assert "Traceback" in log and "InjectedFault" in log  # the reason is in the proxy's log
+    finally:
+        stop(proc)
