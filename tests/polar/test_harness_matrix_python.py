@@ -1,0 +1,159 @@
+"""The Python side of the harness matrix (issue 15): mini-swe-agent, Aider and Hermes Agent, each from its own
+venv (scripts/install_python_harnesses.sh), x both ways in, running the `write-then-finish` scripted policy
+through the real proxy and the real reference server, each in its own loopback-only sandbox.
+
+The runs share one reference server and one proxy (sessions in a private Redis) on a small thread pool, as in
+test_harness_matrix.py, whose run and checks this file reuses; each test then checks one run: exit 0, the file
+written, the recorded calls (each prompt through the prompt oracle), every call's tokens replayed against the
+engine, and prefix merging into one trajectory for the agent chain. What differs per harness is how it
+writes the file and how it finishes (EXPECT below).
+"""
+from __future__ import annotations
+
+import json
+import re
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+from transformers import AutoTokenizer
+
+from polar.adapters import WAYS_IN, AdapterError, available, load_adapter, parse_adapter
+from polar.runner import PYTHON_TOOLS_BIN, RunConfig
+from polar.services import start_proxy
+from polar_traj.messages import conversation_messages
+from tests.polar.test_harness_matrix import (
+    MatrixRun, _check_agent_trajectory, _check_errors, _check_tokens_exact, one_run,
+)
+from tests.prompt_oracle import assert_prompt_faithful
+
+ROOT = Path(__file__).resolve().parents[2]
+INSTALLER = ROOT / "scripts" / "install_python_harnesses.sh"
+WRITE = "echo polar > polar.txt"
+# adapter -> (agent calls, how the last agent call finishes): a shell tool call, then the harness's own end.
+EXPECT = {
+    "mini-swe-agent": (2, {"tool": "bash", "arguments": {"command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"}}),
+    "hermes-agent": (2, {"content": "Done."}),
+    "aider": (1, {"content": "polar.txt\n```\npolar\n```"}),  # no tools: one whole-file edit block, then exit
+}
+ADAPTERS = tuple(EXPECT)  # longest prompts first: hermes 6.5k tokens, mini 1.8k, aider 0.6k
+WORKERS = 3
+
+
+def installed_pins() -> dict[str, tuple[str, str, str]]:
+    """name -> (pypi package, version, command) from the installer's HARNESSES table."""
+    rows = re.findall(r'^\s*"([^"|]+)\|([^"|=]+)==([^"|]+)\|([^"|]+)\|[^"]*"', INSTALLER.read_text(), re.M)
+    return {name: (package, version, cli) for name, package, version, cli in rows}
+
+
+def test_python_adapters_load_and_match_the_installer():
+    pins = installed_pins()
+    assert set(ADAPTERS) <= set(available()) and set(ADAPTERS) <= set(pins)
+    for name in ADAPTERS:
+        spec = load_adapter(name)
+        assert set(spec.ways_in) == set(WAYS_IN)
+        package = spec.package
+        assert package is not None and package.npm is None
+        assert pins[name] == (package.pypi, package.version, package.bin), f"{name}: {package} vs {INSTALLER}"
+
+
+def test_python_harnesses_run_from_their_own_path():
+    """Their commands are on the harness PATH the runner builds, apart from the npm CLIs."""
+    spec = load_adapter("mini-swe-agent")
+    assert PYTHON_TOOLS_BIN in RunConfig(spec, "x", Path("out")).tools_bin
+
+
+@pytest.mark.parametrize("package, why", [
+    ({"npm": "x", "pypi": "x", "version": "1.0.0", "bin": "x"}, "exactly one of 'npm' or 'pypi'"),
+    ({"version": "1.0.0", "bin": "x"}, "exactly one of 'npm' or 'pypi'"),
+    ({"pypi": "x", "version": ">=1", "bin": "x"}, "pinned version"),
+])
+def test_package_needs_one_registry_and_a_pin(package: dict[str, Any], why: str):
+    data = {"name": "mine", "api": "openai_chat", "model": "m", "provider": {"url": "https://api.example.com/v1"},
+            "ways_in": {"base_url": {}}, "command": ["mine", "{{ instruction }}"], "package": package}
+    with pytest.raises(AdapterError, match=re.escape(why)):
+        parse_adapter(data, "mine.yaml")
+
+
+@pytest.fixture(scope="module")
+def matrix(tmp_path_factory, start_reference_server, policies_dir, long_model, redis_url):
+    missing = [a for a in ADAPTERS if not (PYTHON_TOOLS_BIN / load_adapter(a).package.bin).exists()]
+    if missing:
+        pytest.fail(f"Python harnesses missing under {PYTHON_TOOLS_BIN}: {missing} (run make setup)")
+    backend = start_reference_server(policies_dir / "write-then-finish.yaml", long_model, "--threads", "2")
+    tmp = tmp_path_factory.mktemp("matrix-python")
+    with start_proxy(long_model, backend, tmp / "captures", tmp / "mitm", tmp / "proxy.log", redis_url) as proxy:
+        with ThreadPoolExecutor(WORKERS) as pool:  # leaving the block waits for every run
+            futures = {(a, v): pool.submit(one_run, load_adapter(a), v, tmp / f"{a}-{v}", backend, long_model, proxy)
+                       for a in ADAPTERS for v in WAYS_IN}
+    print(f"\npython harness matrix (run wall time with {WORKERS} runs sharing the engine):")
+    for (a, v), future in futures.items():
+        if future.exception() is None:
+            run = future.result()
+            print(f"  {a:15} {v:12} {run.wall_s:6.1f}s  {len(run.records)} calls")
+    return futures
+
+
+@pytest.fixture(scope="module")
+def tokenizer(long_model):
+    return AutoTokenizer.from_pretrained(str(long_model))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("via", WAYS_IN)
+@pytest.mark.parametrize("adapter", ADAPTERS)
+def test_write_then_finish(matrix, tokenizer, adapter: str, via: str) -> None:
+    run = matrix[(adapter, via)].result()
+    out = run.result.out
+    diag = f"{adapter} via {via}, run folder {out}:\n{(out / 'harness.stderr').read_text()[-1500:]}"
+    assert run.result.exit_code == 0 and not run.result.timed_out, diag
+    assert (out / "workspace" / "polar.txt").read_text() == "polar\n", diag
+    assert run.result.summary.files_changed["added"] == ["polar.txt"], diag
+    _check_errors(run)
+    for record in run.records:  # each prompt holds what the harness sent (an oracle apart from polar_mitm)
+        assert_prompt_faithful(record, tokenizer)
+    agent = _agent_calls(run)
+    calls, finish = EXPECT[adapter]
+    assert len(agent) == calls, f"{diag}\nagent calls: {len(agent)}"
+    if run.adapter.shell_tool is not None:
+        _check_first_call_writes(run, agent[0])
+    _check_finish(agent[-1], finish)
+    _check_tokens_exact(run)
+    _check_agent_trajectory(run, agent)
+
+
+def _agent_calls(run: MatrixRun) -> list[dict[str, Any]]:
+    """Calls that offer the harness's shell tool; for a harness without tools (Aider), every call."""
+    shell = run.adapter.shell_tool
+    agent = []
+    for r in run.records:
+        if r["error"] is None:
+            tools = conversation_messages(r["api"], r["request"], None)["tools"]
+            if shell is None or shell.name in {t.get("function", {}).get("name") for t in tools}:
+                agent.append(r)
+    return agent
+
+
+def _reply(record: dict[str, Any]) -> dict[str, Any]:
+    return conversation_messages(record["api"], record["request"], record["response"])["messages"][-1]
+
+
+def _check_first_call_writes(run: MatrixRun, first: dict[str, Any]) -> None:
+    """The first agent call called the harness's own shell tool with its own argument."""
+    shell = run.adapter.shell_tool
+    calls = _reply(first).get("tool_calls") or []
+    assert [c["function"]["name"] for c in calls] == [shell.name], _reply(first)
+    assert json.loads(calls[0]["function"]["arguments"])[shell.argument] == WRITE
+
+
+def _check_finish(last: dict[str, Any], finish: dict[str, Any]) -> None:
+    """The last agent call ended the harness's own way: plain text, or its finishing tool call."""
+    reply = _reply(last)
+    assert reply["role"] == "assistant", reply
+    if "content" in finish:
+        assert reply["content"] == finish["content"] and not reply.get("tool_calls"), reply
+    else:
+        calls = reply.get("tool_calls") or []
+        assert [c["function"]["name"] for c in calls] == [finish["tool"]], reply
+        assert json.loads(calls[0]["function"]["arguments"]) == finish["arguments"]
