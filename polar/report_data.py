@@ -63,18 +63,30 @@ def _json(path: Path) -> dict[str, Any]:
     return data
 
 
+def _is_result(p: Path) -> bool:
+    try:
+        data = json.loads(p.read_text())
+    except (OSError, json.JSONDecodeError):
+        return False
+    return isinstance(data, dict) and SAMPLE_KEYS <= data.keys()
+
+
 def _results(root: Path) -> list[Path]:
+    """samples/<id>/result.json (workers' layout), else any `*result*.json` up to three folders deep."""
+    if (root / "samples").is_dir():
+        return [p for p in sorted((root / "samples").glob("*/result.json")) if _is_result(p)]
     found = []
     for depth in ("*", "*/*", "*/*/*", "*/*/*/*"):
-        for p in sorted(root.glob(f"{depth}.json")):
-            if "result" in p.name and "trajectories" not in p.parts:
-                try:
-                    data = json.loads(p.read_text())
-                except (OSError, json.JSONDecodeError):
-                    continue
-                if isinstance(data, dict) and SAMPLE_KEYS <= data.keys():
-                    found.append(p)
+        found += [p for p in sorted(root.glob(f"{depth}.json"))
+                  if "result" in p.name and "trajectories" not in p.parts and _is_result(p)]
     return found
+
+
+def _batch_tokenizer(root: Path, info: dict[str, Any]) -> Path | None:
+    model = info.get("model")
+    if model and (Path(model) / "tokenizer.json").is_file():
+        return Path(model)
+    return _tokenizer_in(root / "model") or _tokenizer_in(root / "services" / "model")
 
 
 def locate(source: str | os.PathLike) -> Layout:
@@ -92,41 +104,43 @@ def locate(source: str | os.PathLike) -> Layout:
                       _tokenizer_in(root / "model"))
     if (root / "trajectories").is_dir():
         info = _json(root / "batch.json") if (root / "batch.json").is_file() else {}
-        captures = tuple(sorted(p for p in root.rglob("captures") if p.is_dir()))
-        model = info.get("model")
-        tokenizer = Path(model) if model and (Path(model) / "tokenizer.json").is_file() else None
-        return Layout("batch", root, root / "trajectories", captures, tuple(_results(root)), info, tokenizer)
+        results = tuple(_results(root))
+        # with results, their capture_files are the calls (a node's own capture folder holds the same again)
+        captures = () if results else tuple(sorted(p for p in root.rglob("captures") if p.is_dir()))
+        return Layout("batch", root, root / "trajectories", captures, results, info, _batch_tokenizer(root, info))
     if any(root.glob("*.parquet")):
         return Layout("dataset", root, root)
     raise ReportError(f"{root}: not a run folder (run.json), a batch folder (trajectories/) "
                       f"or a directory of Parquet parts")
 
 
-def read_calls(capture_dirs: tuple[Path, ...]) -> pd.DataFrame:
+def read_calls(sources: list[tuple[Path, str | None]]) -> pd.DataFrame:
+    """CallRecords of capture folders (<captures>/<task>/<session>.jsonl) or single .jsonl files, each with the
+    sample it belongs to when known."""
     from polar_traj.reading import iter_sessions, scan
 
     rows = []
-    for d in capture_dirs:  # folders <captures>/<task>/<session>.jsonl, or single .jsonl files
-        for session in iter_sessions(scan(d), strict=False):
+    for source, sample_id in sources:
+        for session in iter_sessions(scan(source), strict=False):
             for r in session.records:
                 rows.append({"call_id": r.call_id, "task_id": r.task_id, "session_id": r.session_id, "api": r.api,
                              "latency_ms": r.latency_ms, "prompt_tokens": len(r.prompt_ids),
                              "output_tokens": len(r.output_ids), "finish_reason": r.finish_reason,
                              "prefix_source": r.prefix_source, "error": r.error, "started_at": r.started_at,
-                             "ended_at": r.ended_at, "policy_version": r.policy_version})
-    return pd.DataFrame(rows, columns=CALL_COLUMNS)
+                             "ended_at": r.ended_at, "policy_version": r.policy_version, "sample_id": sample_id})
+    return pd.DataFrame(rows, columns=CALL_COLUMNS + ["sample_id"])
 
 
-def _result_captures(layout: Layout) -> tuple[Path, ...]:
-    """Capture files a batch's results name (SampleResult.capture_files) outside its `captures` folders."""
-    inside = [d.resolve() for d in layout.capture_dirs]
-    found = []
+def capture_sources(layout: Layout) -> list[tuple[Path, str | None]]:
+    """The capture folders, and the files each sample result names (SampleResult.capture_files)."""
+    found: list[tuple[Path, str | None]] = [(d, None) for d in layout.capture_dirs]
     for p in layout.result_files:
-        for f in _json(p).get("capture_files") or []:
+        result = _json(p)
+        for f in result.get("capture_files") or []:
             path = Path(f)
-            if path.is_file() and path.suffix == ".jsonl" and not any(d in path.resolve().parents for d in inside):
-                found.append(path)
-    return tuple(dict.fromkeys(found))
+            if path.is_file() and path.suffix == ".jsonl":
+                found.append((path, result["sample_id"]))
+    return found
 
 
 def _sample_rows(layout: Layout, traj: pd.DataFrame) -> pd.DataFrame:
@@ -208,9 +222,9 @@ def load(source: str | os.PathLike, tokenizer: str | os.PathLike | None = None) 
     tokens = {tid: {"prompt_ids": p, "response_ids": r, "loss_mask": m, "logprobs": lp}
               for tid, p, r, m, lp in zip(*(table.column(c).to_pylist() for c in
                                             ("trajectory_id", "prompt_ids", "response_ids", "loss_mask", "logprobs")))}
-    calls = read_calls(layout.capture_dirs + _result_captures(layout))
+    calls = read_calls(capture_sources(layout))
     sample_of = dict(zip(traj["session_id"], traj["sample_id"]))
-    calls["sample_id"] = [sample_of.get(sid, sid) for sid in calls["session_id"]]
+    calls["sample_id"] = [known or sample_of.get(sid, sid) for known, sid in zip(calls["sample_id"], calls["session_id"])]
     samples = _join_samples(_sample_rows(layout, traj), traj, calls)
     harness = dict(zip(samples["sample_id"], samples["harness"]))
     calls["harness"] = calls["sample_id"].map(harness).fillna("unknown") if len(calls) else []

@@ -14,8 +14,8 @@ body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,"DejaVu Sans",sans
 main{max-width:1180px;margin:0 auto;padding:16px 20px 40px}
 h1{font-size:22px;margin:8px 0 14px}h2{font-size:17px;margin:0 0 10px}
 section{background:#fff;border:1px solid #dfe2e8;border-radius:8px;padding:14px 16px;margin:0 0 14px}
-.grid{display:grid;grid-template-columns:repeat(auto-fit,minmax(520px,1fr));gap:14px}
-.grid section{margin:0}
+.grid{display:grid;grid-template-columns:repeat(auto-fit,minmax(520px,1fr));grid-auto-flow:dense;gap:14px}
+.grid section{margin:0}.pair{display:flex;flex-wrap:wrap;gap:14px}.pair svg.plot{flex:1 1 460px;max-width:600px}.grid section#calls{grid-column:1/-1}
 svg.plot{width:100%;max-width:640px;height:auto;display:block;margin:6px 0 10px}
 svg text{font:11px system-ui,"DejaVu Sans",sans-serif;fill:#333}svg .ptitle{font-weight:600;font-size:12px}
 svg .tick{fill:#666}svg .value{fill:#222}svg .grid{stroke:#e6e8ec}svg .mean{stroke:#c00;stroke-width:2}

@@ -44,6 +44,8 @@ def _wall_s(d: ReportData) -> float | None:
         return (info.get("timings") or {}).get("total_s")
     if info.get("wall_s") is not None:
         return float(info["wall_s"])
+    if info.get("created") and d.layout.result_files:  # submitted -> last sample result written
+        return max(p.stat().st_mtime for p in d.layout.result_files) - float(info["created"])
     if len(d.calls):
         return float(d.calls["ended_at"].max() - d.calls["started_at"].min())
     return None
@@ -141,10 +143,10 @@ def calls(d: ReportData) -> str:
     return section("calls", "Calls: latency and tokens", [
         table(["harness", "calls", "errors", "latency p50 ms", "p90 ms", "max ms", "prompt tokens/call",
                "sampled tokens/call"], rows),
-        histogram("latency", "Latency per call", {h: list(p["latency_ms"]) for h, p in by.items()}, "ms"),
+        '<div class="pair">' + histogram("latency", "Latency per call", {h: list(p["latency_ms"]) for h, p in by.items()}, "ms"),
         scatter("call-tokens", "Tokens per call: prompt vs sampled",
                 {h: list(zip(p["prompt_tokens"], p["output_tokens"])) for h, p in by.items()},
-                "prompt tokens", "sampled")])
+                "prompt tokens", "sampled") + "</div>"])
 
 
 def trainer_tokens(d: ReportData) -> str:
