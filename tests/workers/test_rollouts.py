@@ -30,6 +30,8 @@ from tests.workers.engine_log import EngineLog, start_engine_log
 pytestmark = pytest.mark.slow
 
 HERE = Path(__file__).parent
+ROOT = HERE.parents[1]
+DEMO_TASKS = ROOT / "fixtures" / "tasks" / "tasks.yaml"  # three repos with a failing test, in the tasks image
 TASKS = {
     "coin": {"instruction": "Flip the coin.", "evaluator": {"command": "grep -qx heads coin.txt", "timeout_s": 30}},
     "slow": {"instruction": "Wait SLOW.", "evaluator": {"command": "test -f waited.txt", "timeout_s": 30}},
@@ -65,12 +67,21 @@ class Cluster:
         return f"{batch.progress().line()}\n{json.dumps(batch.samples(), indent=1)}\n{logs}"
 
 
+def combined_policy(path: Path) -> Path:
+    """The tests' rules, then the demo tasks' stochastic fixing policy (fix-bug-sometimes: each sample fixes
+    the bug or gives up, by a draw seeded per session), without its catch-all rule."""
+    ours = yaml.safe_load((HERE / "rollout_policy.yaml").read_text())["rules"]
+    fixing = yaml.safe_load((ROOT / "fixtures" / "policies" / "fix-bug-sometimes.yaml").read_text())["rules"]
+    path.write_text(yaml.safe_dump({"rules": ours + [r for r in fixing if r["name"].startswith("fix-")]}))
+    return path
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, tiny_model_dir: Path, start_reference_server: Callable[..., str],
             redis_base: str) -> Iterator[Cluster]:
     root = tmp_path_factory.mktemp("rollouts")
     model = context_view(tiny_model_dir, 65536, root / "model")
-    engine = start_reference_server(HERE / "rollout_policy.yaml", model)
+    engine = start_reference_server(combined_policy(root / "policy.yaml"), model)
     log, stop_log = start_engine_log(engine)
     broker, sessions = redis_base + "/1", redis_base + "/0"
     nodes = []
@@ -128,9 +139,10 @@ def sandbox_processes(path: Path) -> list[str]:
 
 
 def test_batch_of_groups_over_two_nodes(cluster: Cluster, tiny_model_dir: Path):
-    batch = cluster.submit(("coin-a", "coin"), ("coin-b", "coin"), ("coin-c", "coin"), group_size=4)
+    """The three demo tasks x group size 4, Pi in the tasks image (Apptainer), the evaluator running their tests."""
+    batch = cluster.client.submit(DEMO_TASKS, group_size=4, adapter="pi", out=cluster.root / "batches")
     try:
-        p = batch.wait(timeout=900)
+        p = batch.wait(timeout=1200)
     except TimeoutError:
         pytest.fail(cluster.diagnose(batch))
     assert (p.status, p.done, p.masked, p.groups_done) == ("completed", 12, 0, 3), cluster.diagnose(batch)
@@ -138,9 +150,10 @@ def test_batch_of_groups_over_two_nodes(cluster: Cluster, tiny_model_dir: Path):
     results = {r["sample_id"]: r for r in batch.results()}
     assert len(results) == 12
     for sid, res in results.items():
-        coin = list((batch.dir / "samples" / sid).glob("attempt-1/**/coin.txt"))
-        assert len(coin) == 1, sid
-        assert res["status"] == "completed" and res["reward"] == (1.0 if coin[0].read_text() == "heads" else 0.0)
+        repo = res["task_id"].removeprefix("fix-")
+        original = (DEMO_TASKS.parent / repo / f"{repo}.py").read_text()
+        fixed = (batch.dir / "samples" / sid / "attempt-1" / "workspace" / f"{repo}.py").read_text() != original
+        assert res["status"] == "completed" and res["reward"] == (1.0 if fixed else 0.0), res
     df = batch.trajectories()
     assert not df.trajectory_id.duplicated().any()
     assert pd.read_parquet(batch.dir / "trajectories").shape == df.shape  # plain pandas reads the dataset
@@ -247,9 +260,9 @@ def test_unreachable_image_is_retried_then_masked(cluster: Cluster):
 
 def test_fence_holds_calls_across_a_weight_reload(cluster: Cluster):
     before = httpx.get(cluster.engine + "/get_model_info").json()["weight_version"]
-    batch = cluster.submit(("count-a", "count"), group_size=4)
+    batch = cluster.submit(("count-a", "count"), group_size=2)
     ids = [s.sample_id for s in batch.manifest.samples]
-    wait_for(lambda: sum(1 for s in ids if sample_records(cluster, s)) >= 2, 300, "two sessions under way")
+    wait_for(lambda: all(sample_records(cluster, s) for s in ids), 300, "both sessions under way")
     cluster.client.pause(timeout_s=120)
     paused_at = time.time()
     assert cluster.client.is_paused()
@@ -263,7 +276,7 @@ def test_fence_holds_calls_across_a_weight_reload(cluster: Cluster):
         p = batch.wait(timeout=600)
     except TimeoutError:
         pytest.fail(cluster.diagnose(batch))
-    assert (p.status, p.done) == ("completed", 4), cluster.diagnose(batch)  # nothing failed
+    assert (p.status, p.done) == ("completed", 2), cluster.diagnose(batch)  # nothing failed
     assert all(r["reward"] == 1.0 for r in batch.results())
     during = [e for e in cluster.log.generations() if paused_at < e["start"] < resumed_at]
     assert during == []  # no engine call started while paused
@@ -273,4 +286,4 @@ def test_fence_holds_calls_across_a_weight_reload(cluster: Cluster):
     versions = {str(r["policy_version"]) for r in calls}
     assert len(versions) == 2 and str(reply["weight_version"]) in versions
     df = batch.trajectories()
-    assert (df.policy_version_max > df.policy_version_min).any()
+    assert df.policy_version_max.max() > df.policy_version_min.min()
