@@ -31,8 +31,6 @@ NOTES = {
     "traj": "Trajectory build from captures: `before` is polar_traj as of the baseline commit, `f1` this "
             "checkout on the same format-1 files, `linear` this checkout on the same sessions in the linear "
             "form (bench/traj.py).",
-    "proxy": "Proxy overhead against the CPU reference engine (bench/proxy.py).",
-    "serve": "The CPU reference engine (bench/serve.py).",
 }
 
 
@@ -50,32 +48,32 @@ def run_text(args: list[str], timeout: float) -> str:
     return out.stdout
 
 
-def bench_peers(tmp: Path) -> tuple[object, list[str]]:
+def bench_peers(tmp: Path) -> object:
     raw = tmp / "peers.json"
     run_text([str(BENCH / "peers.py"), "--json", str(raw)], 900)
-    data = json.loads(raw.read_text())
-    return data, peers.table(data)
-
-
-def bench_captures(_: Path) -> tuple[object, list[str]]:
-    data = run_json([str(BENCH / "captures.py"), "--json"], 900)
-    return data, captures.table(data)
-
-
-def bench_traj(_: Path) -> tuple[object, list[str]]:
-    data = run_json([str(BENCH / "traj.py"), "--json"], 1800)
-    return data, traj.table(data)
+    return json.loads(raw.read_text())
 
 
 def bench_text(name: str):
-    def run(_: Path) -> tuple[object, list[str]]:
-        text = run_text([str(BENCH / f"{name}.py")], 900)
-        return {"stdout": text}, ["```", text.rstrip(), "```"]
+    def run(_: Path) -> object:
+        return {"stdout": run_text([str(BENCH / f"{name}.py")], 900)}
     return run
 
 
-BENCHES = {"peers": bench_peers, "captures": bench_captures, "traj": bench_traj,
-           "proxy": bench_text("proxy"), "serve": bench_text("serve")}
+def text_table(data: dict) -> list[str]:
+    return ["```", data["stdout"].rstrip(), "```"]
+
+
+# name -> (run it: raw results, render the raw results as markdown lines); any other bench/*.py runs as text
+BENCHES = {
+    "peers": (bench_peers, peers.table),
+    "captures": (lambda _: run_json([str(BENCH / "captures.py"), "--json"], 900), captures.table),
+    "traj": (lambda _: run_json([str(BENCH / "traj.py"), "--json"], 1800), traj.table),
+}
+NOT_BENCHES = {"results", "stub_engine"}
+for _path in sorted(BENCH.glob("*.py")):
+    if _path.stem not in BENCHES and _path.stem not in NOT_BENCHES:
+        BENCHES[_path.stem] = (bench_text(_path.stem), text_table)
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -86,35 +84,61 @@ def write_atomic(path: Path, text: str) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", nargs="*", choices=sorted(BENCHES), help="run only these benches")
+    ap.add_argument("--only", nargs="*", choices=sorted(BENCHES),
+                    help="run only these benches; the others keep their last results from bench/results.json")
     args = ap.parse_args()
     peers.in_namespace()
-    machine = peers.machine()
-    report: dict = {"machine": machine, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                    "commit": _commit(), "benches": {}}
-    md = ["# Bench results", "",
-          f"Written by `make bench` on {report['date']} at commit {report['commit']}. Machine: {machine['cpu']}, "
-          f"{machine['cores']} cores, Python {machine['python']}, Linux {machine['kernel']}, "
-          f"load average {machine['load_1min']:.1f} when it started. Every bench runs inside a loopback-only "
-          f"network namespace; compare ratios within one run, not absolute numbers across machines.", ""]
+    old = json.loads((BENCH / "results.json").read_text()) if args.only and (BENCH / "results.json").exists() else {}
+    report: dict = {"benches": old.get("benches", {})}
     failed = False
     for name in args.only or list(BENCHES):
         print(f"== {name}", flush=True)
+        entry = {"machine": peers.machine(), "date": _now(), "commit": _commit()}
         start = time.perf_counter()
         try:
             with tempfile.TemporaryDirectory(prefix=f"polar-bench-{name}-") as tmp:
-                data, lines = BENCHES[name](Path(tmp))
-            report["benches"][name] = {"seconds": time.perf_counter() - start, "results": data}
+                entry["results"] = BENCHES[name][0](Path(tmp))
         except Exception as e:  # one failed bench must not hide the others' results
-            failed = True
-            lines = [f"**failed**: {e}"]
-            report["benches"][name] = {"seconds": time.perf_counter() - start, "error": str(e)}
-        print("\n".join(lines), flush=True)
-        md += [f"## {name}", "", NOTES[name], "", *lines, ""]
+            failed, entry["error"] = True, str(e)
+        entry["seconds"] = time.perf_counter() - start
+        report["benches"][name] = entry
+        write_atomic(BENCH / "results.json", json.dumps(report, indent=2) + "\n")  # nothing lost to a later failure
+        print("\n".join(section(name, entry)), flush=True)
+    md = ["# Bench results", "",
+          "Written by `make bench` (bench/results.py). Every bench runs inside a loopback-only network namespace; "
+          "compare ratios within one run, not absolute numbers across machines or runs. Raw numbers: "
+          "bench/results.json.", ""]
+    for name in BENCHES:
+        if {"machine", "seconds"} <= report["benches"].get(name, {}).keys():  # entries of an older layout are left out
+            md += section(name, report["benches"][name])
     write_atomic(BENCH / "results.md", "\n".join(md))
     write_atomic(BENCH / "results.json", json.dumps(report, indent=2) + "\n")
     print(f"wrote {BENCH / 'results.md'} and {BENCH / 'results.json'}")
     return 1 if failed else 0
+
+
+def section(name: str, entry: dict) -> list[str]:
+    m = entry["machine"]
+    where = (f"Run {entry['date']} at commit {entry['commit']} in {entry['seconds']:.0f} s on {m['cpu']}, "
+             f"{m['cores']} cores, Python {m['python']}, Linux {m['kernel']}, load average {m['load_1min']:.1f} "
+             f"at the start.")
+    body = [f"**failed**: {entry['error']}"] if "error" in entry else BENCHES[name][1](entry["results"])
+    note = NOTES.get(name) or _docstring(BENCH / f"{name}.py")
+    return [f"## {name}", "", note, "", where, "", *body, ""]
+
+
+def _docstring(path: Path) -> str:
+    """The first paragraph of a bench's docstring."""
+    try:
+        text = path.read_text()
+        doc = text.split('"""')[1] if text.lstrip().startswith('"""') else ""
+    except (OSError, IndexError):
+        return ""
+    return " ".join(doc.strip().split("\n\n")[0].split())
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 def _commit() -> str:
