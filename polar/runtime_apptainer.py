@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import io
 import os
+import pwd
 import shutil
+import tempfile
 import uuid
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -33,6 +35,7 @@ START_OPTIONS = ("--containall", "--no-home", "--net", "--network", "none")
 def apptainer_bin() -> Path:
     """The apptainer binary (the relocated one of make setup first), with its `singularity` link on PATH for
     spython, which calls `singularity`."""
+    _config_dir()
     for d in (APPTAINER_DIR, *(Path(p) for p in os.environ.get("PATH", "").split(os.pathsep) if p)):
         if (d / "apptainer").is_file() and (d / "singularity").exists():
             if str(d) not in os.environ.get("PATH", "").split(os.pathsep):
@@ -40,6 +43,20 @@ def apptainer_bin() -> Path:
             return d / "apptainer"
     raise SandboxError(f"apptainer runtime: no apptainer with a `singularity` link in {APPTAINER_DIR} or on PATH "
                        "(make setup installs it)")
+
+
+def _config_dir() -> None:
+    """Apptainer keeps instance records under the passwd home's .apptainer; a user whose home is not writable
+    (nobody: /nonexistent) gets $HOME/.apptainer, else a per-user folder in the temporary directory. The same
+    for every stage of a sample, so a later stage finds the instance."""
+    if "APPTAINER_CONFIGDIR" in os.environ:
+        return
+    if os.access(pwd.getpwuid(os.getuid()).pw_dir, os.W_OK):
+        return
+    home = os.environ.get("HOME", "")
+    folder = Path(home) / ".apptainer" if home and os.access(home, os.W_OK) else \
+        Path(tempfile.gettempdir()) / f"polar-apptainer-{os.getuid()}"
+    os.environ["APPTAINER_CONFIGDIR"] = str(folder)
 
 
 def read_only_binds() -> list[tuple[Path, Path]]:

@@ -20,6 +20,7 @@ import signal
 import socket
 import tarfile
 import time
+import uuid
 from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -159,7 +160,7 @@ def _prepare(cfg: SampleConfig, proxy: ProxyHandle, state: dict[str, Any]) -> No
     mounts = _mounts(state)
     runtime = get_runtime(state["runtime"])
     if state["runtime"] == "apptainer":
-        sandbox = runtime.prepare(mounts, image=task.image, instance=f"polar-{cfg.sample_id}"[:60])
+        sandbox = runtime.prepare(mounts, image=task.image, instance=f"polar-{cfg.sample_id[:40]}-{uuid.uuid4().hex[:6]}")
         state["instance"] = sandbox.name
         _write_json(Path(state["out"]) / STATE, state)  # the instance is stopped by postrun even if we die now
     else:

@@ -1,0 +1,210 @@
+"""Scored samples end to end (polar/sample.py, issue 9): the three demo tasks with two real harnesses (codex and
+the node CLI pi) in real Apptainer through the real proxy and reference server; a policy that does not fix the
+bug (through `polar run --task`); an agent timeout; a missing image; a crashing evaluator; a rootless run as
+`nobody`. Each checks the status, reward and weight of the result and of the trajectory rows in Parquet."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from transformers import AutoTokenizer
+
+from polar.adapters import load_adapter
+from polar.runner import EngineConfig
+from polar.sample import SampleConfig, SampleResult, run_sample
+from polar.services import start_proxy
+from polar.tasks import EvaluatorSpec, load_tasks
+from polar_traj import read as read_trajectories
+from tests.polar.test_runtime_apptainer import apptainer_bin, demo_image
+from tests.prompt_oracle import assert_prompt_faithful
+
+
+ROOT = Path(__file__).resolve().parents[2]
+DEMO = ROOT / "fixtures" / "tasks" / "tasks.yaml"
+HARNESSES = ("codex", "pi")
+WORKERS = 3
+
+
+def sample(task, adapter: str, out: Path, runtime: str = "apptainer") -> SampleConfig:
+    sid = f"{task.task_id}-{adapter}"
+    return SampleConfig(task, load_adapter(adapter), out / sid, sid, task.task_id, runtime)
+
+
+@pytest.fixture(scope="module")
+def fixed(tmp_path_factory, start_reference_server, policies_dir, long_model, redis_url):
+    """Every demo task x harness with fix-bug.yaml, plus a crashing evaluator and a missing image, on one
+    engine and one proxy (sessions in Redis), three samples at a time."""
+    demo_image()
+    backend = start_reference_server(policies_dir / "fix-bug.yaml", long_model, "--threads", "2")
+    tmp = tmp_path_factory.mktemp("samples")
+    tasks = load_tasks(DEMO)
+    crash = dataclasses.replace(tasks[0], task_id="fix-calc-crash",
+                                evaluator=EvaluatorSpec("python", python="tests.polar.task_evaluators:crash"))
+    no_image = dataclasses.replace(tasks[1], task_id="fix-greet-no-image", image=str(tmp / "no-such-image"))
+    configs = {(t.task_id, a): sample(t, a, tmp) for t in tasks for a in HARNESSES}
+    configs[("crash", "pi")] = sample(crash, "pi", tmp)
+    configs[("no-image", "pi")] = sample(no_image, "pi", tmp)
+    engine = EngineConfig(long_model, backend=backend)
+    with start_proxy(long_model, backend, tmp / "captures", tmp / "mitm", tmp / "proxy.log", redis_url) as proxy:
+        with ThreadPoolExecutor(WORKERS) as pool:
+            futures = {key: pool.submit(run_sample, cfg, engine, proxy) for key, cfg in configs.items()}
+    return {key: (configs[key], future) for key, future in futures.items()}
+
+
+@pytest.fixture(scope="module")
+def tokenizer(long_model):
+    return AutoTokenizer.from_pretrained(str(long_model))
+
+
+def rows(result: SampleResult) -> list[dict]:
+    assert result.trajectories, result
+    return read_trajectories(result.trajectories).to_pylist()
+
+
+def diagnose(cfg: SampleConfig) -> str:
+    err = cfg.out / "harness.stderr"
+    return f"sample folder {cfg.out}:\n{err.read_text()[-1500:] if err.exists() else ''}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("harness", HARNESSES)
+@pytest.mark.parametrize("task_id", ["fix-calc", "fix-greet", "fix-wordcount"])
+def test_fixed_bug_scores_one(fixed, tokenizer, task_id: str, harness: str) -> None:
+    cfg, future = fixed[(task_id, harness)]
+    result = future.result()
+    assert (result.status, result.failure, result.reward, result.weight) == ("completed", None, 1.0, 1.0), \
+        f"{result}\n{diagnose(cfg)}"
+    assert result.exit_code == 0 and result.runtime == "apptainer"
+    assert "1 passed" in result.evaluator_output
+    state = json.loads((cfg.out / "sample.json").read_text())
+    assert state["cleaned"] == {"session": True, "sandbox": True}
+    table = rows(result)
+    assert table and all(r["task_id"] == task_id and r["group_id"] == task_id for r in table)
+    assert all(r["reward"] == 1.0 and r["status"] == "completed" and r["weight"] == 1.0 for r in table)
+    meta = json.loads(table[0]["metadata"])
+    assert meta["task"]["repo"] == task_id.removeprefix("fix-") and meta["task"]["exit_code"] == 0
+    assert any(r["num_calls"] >= 2 for r in table)  # the tool call and the answer, merged
+    for path in result.capture_files:
+        for line in Path(path).read_text().splitlines():
+            assert_prompt_faithful(json.loads(line), tokenizer)
+
+
+@pytest.mark.slow
+def test_crashing_evaluator_is_an_infrastructure_error(fixed) -> None:
+    cfg, future = fixed[("crash", "pi")]
+    result = future.result()
+    assert (result.status, result.failure, result.weight) == ("error", "infrastructure", 0.0), diagnose(cfg)
+    assert result.reason.startswith("evaluator: ") and "the verifier itself is broken" in result.reason
+    table = rows(result)  # the trajectory is kept, masked
+    assert all(r["weight"] == 0.0 and r["status"] == "error" and set(r["loss_mask"]) <= {0} for r in table)
+    assert "the verifier itself is broken" in json.loads(table[0]["metadata"])["outcome"]["reason"]
+
+
+@pytest.mark.slow
+def test_missing_image_is_an_infrastructure_error(fixed) -> None:
+    cfg, future = fixed[("no-image", "pi")]
+    result = future.result()
+    assert (result.status, result.failure, result.reward, result.weight) == ("error", "infrastructure", None, 0.0)
+    assert f"image {cfg.task.image} not found" in result.reason
+    assert result.trajectories is None and result.exit_code is None
+
+
+def polar_run(*args: str, user: list[str] | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
+    cmd = [*(user or []), sys.executable, "-m", "polar.cli", "run", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600, env=env)
+
+
+@pytest.mark.slow
+def test_policy_that_does_not_fix_scores_zero(tmp_path, policies_dir, long_model) -> None:
+    demo_image()
+    out = tmp_path / "no-fix"
+    proc = polar_run("--task", str(DEMO), "--task-id", "fix-greet", "--adapter", "pi", "--runtime", "apptainer",
+                     "--policy", str(policies_dir / "no-fix.yaml"), "--model", str(long_model), "--out", str(out),
+                     "--confdir", str(tmp_path / "mitm"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "status completed, reward 0, weight 1, harness exit 0" in proc.stdout, proc.stdout
+    assert "1 failed" in proc.stdout  # the evaluator's output is printed
+    result = SampleResult.from_dict(json.loads((out / "result.json").read_text()))
+    assert result.reward == 0.0 and result.task_id == "fix-greet"
+    assert all(r["reward"] == 0.0 and r["weight"] == 1.0 and r["task_id"] == "fix-greet" for r in rows(result))
+
+
+@pytest.mark.slow
+def test_agent_timeout_keeps_the_trajectory(tmp_path, policies_dir, long_model) -> None:
+    demo_image()
+    task = dataclasses.replace(load_tasks(DEMO)[0], timeout_s=25.0)
+    cfg = sample(task, "pi", tmp_path)
+    result = run_sample(cfg, EngineConfig(long_model, policy=policies_dir / "loop-shell.yaml"))
+    assert (result.status, result.failure, result.reward, result.weight) == ("timeout", "agent_timeout", 0.0, 1.0)
+    table = rows(result)
+    assert table and all(r["status"] == "timeout" and r["reward"] == 0.0 and r["weight"] == 1.0 for r in table)
+    assert any(1 in r["loss_mask"] for r in table)  # trainable
+    listed = subprocess.run([str(apptainer_bin()), "instance", "list"], capture_output=True, text=True).stdout
+    assert f"polar-{cfg.sample_id}" not in listed
+
+
+# The interpreter may live under root's private home (pyenv in /root): a private mount namespace shows its
+# directory to `nobody` (a tmpfs over /root holding only that directory); nothing changes outside the test.
+AS_NOBODY = """set -e
+mount --make-rprivate /
+if [ -n "$1" ]; then
+  d=$(mktemp -d); mount --bind "/root/$1" "$d"; mount -t tmpfs -o mode=755 tmpfs /root
+  mkdir "/root/$1"; mount --bind "$d" "/root/$1"
+fi
+shift
+exec runuser -u nobody -- "$@"
+"""
+
+
+def as_nobody() -> list[str]:
+    real = Path(os.path.realpath(sys.executable))
+    under_root = real.relative_to("/root").parts[0] if real.is_relative_to("/root") else ""
+    return ["unshare", "-m", "sh", "-c", AS_NOBODY, "sh", under_root]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("runuser"), reason="needs root to become nobody")
+def test_rootless_as_nobody(policies_dir, tiny_model_dir) -> None:
+    """The whole sample as an unprivileged user: Apptainer in user namespaces, the demo sandbox directory."""
+    demo_image()
+    base = Path(tempfile.mkdtemp(prefix="polar-rootless-"))
+    try:
+        base.chmod(0o777)
+        out = base / "sample"
+        env = {"PATH": os.environ["PATH"], "HOME": str(base), "HF_HUB_OFFLINE": "1", "LANG": "C.UTF-8"}
+        proc = polar_run("--task", str(DEMO), "--task-id", "fix-wordcount", "--adapter", "pi", "--runtime",
+                         "apptainer", "--policy", str(policies_dir / "fix-bug.yaml"), "--model", str(tiny_model_dir),
+                         "--out", str(out), "--confdir", str(base / "mitm"), user=as_nobody(), env=env)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "status completed, reward 1, weight 1" in proc.stdout, proc.stdout
+        assert (out / "workspace" / "wordcount.py").stat().st_uid == 65534  # the harness ran as nobody
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_stages_run_in_separate_processes(tmp_path, long_model) -> None:
+    """Each stage reads the sample's state from its folder: here every stage is its own process (no harness
+    runs: the image is missing, so the sample fails in prepare and the later stages carry that through)."""
+    from polar.sample import prepare_sample
+    from polar.services import ProxyHandle
+
+    task = dataclasses.replace(load_tasks(DEMO)[0], image=str(tmp_path / "gone.sif"))
+    cfg = sample(task, "pi", tmp_path)
+    proxy = ProxyHandle("127.0.0.1", 9, 9, tmp_path / "ca.pem", tmp_path / "captures", "open")
+    folder = prepare_sample(cfg, EngineConfig(long_model, backend="http://127.0.0.1:9"), proxy)
+    for stage in ("run_harness", "evaluate_sample", "postrun_sample"):
+        code = f"import sys; from pathlib import Path; from polar.sample import {stage}; {stage}(Path(sys.argv[1]))"
+        proc = subprocess.run([sys.executable, "-c", code, str(folder)], cwd=ROOT, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+    result = SampleResult.from_dict(json.loads((folder / "result.json").read_text()))
+    assert (result.status, result.failure, result.weight) == ("error", "infrastructure", 0.0)
+    assert result.reason == f"prepare: SandboxError: apptainer runtime: image {tmp_path / 'gone.sif'} not found"
+    assert set(result.timings) == {"prepare_s", "run_s", "evaluate_s", "postrun_s"}
