@@ -1,8 +1,9 @@
-"""Sandbox start time per runtime on this machine: the wall time of one exec of `true` (through the in-sandbox
-forwarder, with the per-sandbox cgroup made and removed), median of N, and its ratio to the same command run
-on the host in the same run (the forwarder's python start included there too).
+"""Sandbox start and teardown per runtime on this machine: start-to-first-exec (prepare a sandbox, then one exec
+of `true` through the in-sandbox forwarder, with the per-sandbox cgroup made and removed) and teardown (stop),
+median of N each, and the ratio to the same command run on the host in the same run (the forwarder's python
+start included there too). Apptainer runs an instance of the demo task image (scripts/build_image.sh).
 
-    .venv/bin/python bench/sandbox.py [--runs 10]
+    .venv/bin/python bench/sandbox.py [--runs 20]
 """
 from __future__ import annotations
 
@@ -17,41 +18,55 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from polar.limits import mechanism  # noqa: E402
+from polar_mitm.launch import free_port  # noqa: E402
 from polar.runtime import REGISTRY, Mounts, bridged, get_runtime, run_group  # noqa: E402
 
+IMAGE = ROOT / ".cache" / "images" / "polar-tasks" / "rootfs"
 
-def median_exec(runtime: str | None, mounts: Mounts, runs: int) -> float:
+
+def measure(runtime: str | None, mounts: Mounts, runs: int) -> tuple[float, float]:
+    """(median start-to-first-exec, median teardown) in seconds."""
     env = {"PATH": "/usr/bin:/bin", "HOME": str(mounts.home)}
     out, err = mounts.shared / "out", mounts.shared / "err"
-    times = []
+    forwards = [(free_port(), mounts.shared / "bench.sock")]  # the forwarder listens as for a harness
+    starts, stops = [], []
     for _ in range(runs):
         start = time.monotonic()
         if runtime is None:
-            result = run_group(bridged(["true"], []), env, mounts.workspace, 60, out, err, limits=None)
+            result = run_group(bridged(["true"], forwards), env, mounts.workspace, 60, out, err, limits=None)
+            box = None
         else:
-            result = get_runtime(runtime).prepare(mounts).exec(["true"], env, mounts.workspace, 60, out, err)
-        times.append(time.monotonic() - start)
+            rt = get_runtime(runtime)
+            box = rt.prepare(mounts, image=str(IMAGE)) if runtime == "apptainer" else rt.prepare(mounts)
+            result = box.exec(["true"], env, mounts.workspace, 60, out, err, forwards)
+        starts.append(time.monotonic() - start)
+        start = time.monotonic()
+        if box is not None:
+            box.stop()
+        stops.append(time.monotonic() - start)
         if result.exit_code != 0:
             raise SystemExit(f"{runtime}: exit {result.exit_code}: {err.read_text()[-500:]}")
-    return statistics.median(times)
+    return statistics.median(starts), statistics.median(stops)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--runs", type=int, default=10)
+    ap.add_argument("--runs", type=int, default=20)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         mounts = Mounts(Path(tmp) / "home", Path(tmp) / "workspace", Path(tmp) / "sandbox")
         for d in (mounts.home, mounts.workspace, mounts.shared):
             d.mkdir()
-        base = median_exec(None, mounts, args.runs)
-        print(f"limits: {mechanism()}")
-        print(f"{'host (no sandbox)':20} {base * 1000:7.1f} ms")
+        base, _ = measure(None, mounts, args.runs)
+        print(f"limits: {mechanism()}; median of {args.runs}")
+        print(f"{'runtime':20} {'start-to-first-exec':>20} {'teardown':>10}")
+        print(f"{'host (no sandbox)':20} {base * 1000:17.1f} ms {'-':>10}")
         for name in REGISTRY:
-            if name == "apptainer":
-                continue  # needs an image: its start time is measured by the apptainer runtime's own bench
-            t = median_exec(name, mounts, args.runs)
-            print(f"{name:20} {t * 1000:7.1f} ms  {t / base:5.2f}x host")
+            if name == "apptainer" and not (IMAGE / "usr" / "bin" / "python3").exists():
+                print(f"{name:20} skipped: no demo image at {IMAGE} (scripts/build_image.sh)")
+                continue
+            first, stop = measure(name, mounts, args.runs)
+            print(f"{name:20} {first * 1000:17.1f} ms {stop * 1000:7.1f} ms  {first / base:6.2f}x host")
     return 0
 
 
