@@ -45,24 +45,30 @@ def assert_prompt_faithful(record: Any, tokenizer: Any) -> None:
         return  # refused before any prompt was built
     request = READERS[rec["api"]](rec["request"])
     prompt = _normalise(tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False))
+    _assert_in_order(prompt, request, where)
+    if rec["api"] == "openai_chat" and rec["prefix_source"].startswith("rendered"):
+        _assert_equals_chat_template(rec["request"], ids, tokenizer, where)
+
+
+# ---------------------------------------------------------------- finding texts in order
+
+
+def _assert_in_order(prompt: str, request: Request, where: str) -> None:
     cursor = 0
     for sent in request.system:
         cursor = _find(prompt, sent, cursor, where)
     head = cursor  # where system prompts hoisted out of the conversation continue, in order
     for sent in request.tools:
         cursor = _find(prompt, sent, cursor, where)
-    turns_start = cursor
+    first = next((s for s in request.turns if not s.system), None)
+    found = _search(prompt, first, cursor) if first else None
+    head_end = found[0] if found else len(prompt)  # hoisted prompts lie before the first other turn
     for sent in request.turns:
-        hoisted = _search(prompt[:turns_start], sent, head) if sent.system else None
+        hoisted = _search(prompt[:head_end], sent, head) if sent.system else None
         if hoisted is not None:
-            head = hoisted
+            head = hoisted[1]
         else:
             cursor = _find(prompt, sent, cursor, where)
-    if rec["api"] == "openai_chat" and rec["prefix_source"].startswith("rendered"):
-        _assert_equals_chat_template(rec["request"], ids, tokenizer, where)
-
-
-# ---------------------------------------------------------------- finding texts in order
 
 
 def _lines(text: str) -> list[str]:
@@ -73,24 +79,25 @@ def _normalise(text: str) -> str:
     return "\n".join(_lines(text))
 
 
-def _search(prompt: str, sent: Sent, cursor: int) -> int | None:
-    """Position after the last line of one of `sent`'s forms, its lines found in order from `cursor`."""
+def _search(prompt: str, sent: Sent, cursor: int) -> tuple[int, int] | None:
+    """Where one of `sent`'s forms starts and ends, its lines found in order from `cursor`."""
     for form in sent.forms:
-        at = cursor
+        at, start = cursor, None
         for line in _lines(form):
             found = prompt.find(line, at)
             if found < 0:
                 break
+            start = found if start is None else start
             at = found + len(line)
         else:
-            return at
+            return (cursor if start is None else start), at
     return None
 
 
 def _find(prompt: str, sent: Sent, cursor: int, where: str) -> int:
-    at = _search(prompt, sent, cursor)
-    if at is not None:
-        return at
+    found = _search(prompt, sent, cursor)
+    if found is not None:
+        return found[1]
     at, missing = cursor, ""
     for line in _lines(sent.forms[0]):  # name the first line of the raw form that is missing
         found = prompt.find(line, at)

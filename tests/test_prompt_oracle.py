@@ -128,6 +128,19 @@ def test_whitespace_may_be_reindented_per_line(tokenizer):
     assert_prompt_faithful(record("openai_chat", CHAT, ids), tokenizer)
 
 
+def test_a_system_prompt_inside_the_conversation_may_be_hoisted_but_stays_in_order(tokenizer):
+    body = {"model": "tiny", "messages": [{"role": "system", "content": "Rule A."},
+                                          {"role": "user", "content": "Create polar.txt"},
+                                          {"role": "developer", "content": "Rule B."}]}
+    user = {"role": "user", "content": "Create polar.txt"}
+    in_place = [{"role": "system", "content": "Rule A."}, user, {"role": "system", "content": "Rule B."}]
+    for messages in ([{"role": "system", "content": "Rule A.\n\nRule B."}, user], in_place):
+        assert_prompt_faithful(record("openai_chat", body, template_ids(tokenizer, messages)), tokenizer)
+    swapped = [{"role": "system", "content": "Rule B.\n\nRule A."}, user]
+    with pytest.raises(AssertionError, match=r"messages\[2\] \(developer\)"):
+        assert_prompt_faithful(record("openai_chat", body, template_ids(tokenizer, swapped)), tokenizer)
+
+
 def test_a_refused_call_without_prompt_passes_only_with_its_error(tokenizer):
     assert_prompt_faithful(record("openai_chat", {"messages": "nope"}, [], error="bad request"), tokenizer)
     with pytest.raises(AssertionError, match="no prompt_ids and no error"):
