@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Callable, Iterator
@@ -241,11 +243,16 @@ def test_early_stop_after_min_groups(cluster: Cluster):
 
 
 def test_unreachable_image_is_retried_then_masked(cluster: Cluster):
-    batch = cluster.submit(("broken", "coin"), group_size=1, image=str(cluster.root / "no-such-image.sif"))
-    try:
-        p = batch.wait(timeout=300)
-    except TimeoutError:
-        pytest.fail(cluster.diagnose(batch))
+    """Submitted with `polar submit --wait`: live progress, then the summary names the masked sample's reason."""
+    tasks = cluster.tasks_file(("broken", "coin"), image=str(cluster.root / "no-such-image.sif"))
+    cli = subprocess.run([sys.executable, "-m", "polar.cli", "submit", str(tasks), "--group-size", "1", "--wait",
+                          "--timeout", "300", "--out", str(cluster.root / "batches"), "--broker", cluster.broker,
+                          "--sessions", cluster.sessions], cwd=ROOT, capture_output=True, text=True, timeout=400)
+    assert cli.returncode == 0, cli.stdout + cli.stderr
+    batch = cluster.client.batch(cli.stdout.split()[1].rstrip(":"))
+    assert "masked" in cli.stdout and "no-such-image" in cli.stdout  # the final summary
+    assert "1/1" in cli.stderr  # tqdm's bar
+    p = batch.progress()
     assert (p.status, p.masked, p.groups_done) == ("completed", 1, 1)
     result = batch.results()[0]
     assert (result["status"], result["failure"], result["attempts"]) == ("error", "infrastructure", 3)
@@ -260,7 +267,7 @@ def test_unreachable_image_is_retried_then_masked(cluster: Cluster):
 
 def test_fence_holds_calls_across_a_weight_reload(cluster: Cluster):
     before = httpx.get(cluster.engine + "/get_model_info").json()["weight_version"]
-    batch = cluster.submit(("count-a", "count"), group_size=2)
+    batch = cluster.submit(("count-a", "count"), group_size=2, max_staleness=0)
     ids = [s.sample_id for s in batch.manifest.samples]
     wait_for(lambda: all(sample_records(cluster, s) for s in ids), 300, "both sessions under way")
     cluster.client.pause(timeout_s=120)
@@ -287,3 +294,5 @@ def test_fence_holds_calls_across_a_weight_reload(cluster: Cluster):
     assert len(versions) == 2 and str(reply["weight_version"]) in versions
     df = batch.trajectories()
     assert df.policy_version_max.max() > df.policy_version_min.min()
+    stale = df.metadata.map(lambda m: json.loads(m)["stale"])
+    assert (stale == (df.policy_version_max > df.policy_version_min)).all()  # max_staleness=0 marks spans
