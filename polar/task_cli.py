@@ -46,6 +46,9 @@ def run_task(args: argparse.Namespace) -> int:
     except (ServiceError, ValueError, OSError) as e:
         print(f"polar run: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: run_sample stopped the sandbox and ended the session
+        print(f"polar run: interrupted ({e or 'SIGINT'}); sandbox stopped, sample folder {out}", file=sys.stderr)
+        return 130
     t = result.timings
     print(f"polar run: task {task.task_id}, {spec.name} via {args.via} ({result.runtime}): "
           f"{result.calls} calls, prepare {t.get('prepare_s', 0):.1f}s, harness {t.get('run_s', 0):.1f}s, "

@@ -8,9 +8,11 @@ import dataclasses
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -208,3 +210,30 @@ def test_stages_run_in_separate_processes(tmp_path, long_model) -> None:
     assert (result.status, result.failure, result.weight) == ("error", "infrastructure", 0.0)
     assert result.reason == f"prepare: SandboxError: apptainer runtime: image {tmp_path / 'gone.sif'} not found"
     assert set(result.timings) == {"prepare_s", "run_s", "evaluate_s", "postrun_s"}
+
+
+def instances() -> str:
+    return subprocess.run([str(apptainer_bin()), "instance", "list"], capture_output=True, text=True).stdout
+
+
+@pytest.mark.slow
+def test_sigterm_of_polar_run_stops_the_instance(tmp_path, policies_dir, tiny_model_dir) -> None:
+    demo_image()
+    out = tmp_path / "term"
+    cmd = [sys.executable, "-m", "polar.cli", "run", "--task", str(DEMO), "--task-id", "fix-calc", "--adapter", "pi",
+           "--runtime", "apptainer", "--policy", str(policies_dir / "loop-shell.yaml"), "--model", str(tiny_model_dir),
+           "--out", str(out), "--confdir", str(tmp_path / "mitm")]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        while not (out / "harness.stdout").exists():  # the harness has started in its instance
+            assert proc.poll() is None, proc.communicate()[0]
+            time.sleep(0.2)
+        name = json.loads((out / "sample.json").read_text())["instance"]
+        assert name in instances()
+        proc.send_signal(signal.SIGTERM)
+        output = proc.communicate(timeout=300)[0]
+    finally:
+        proc.kill()
+    assert proc.returncode == 130 and "interrupted" in output, output
+    assert name not in instances()
+    assert json.loads((out / "sample.json").read_text())["cleaned"] == {"session": True, "sandbox": True}
