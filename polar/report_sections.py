@@ -38,6 +38,12 @@ def _cell(v: Any) -> str:
     return str(v)
 
 
+def short(d: ReportData, label: str) -> str:
+    """A sample or group id without its batch id prefix (`<batch>.<task>.<k>` -> `<task>.<k>`)."""
+    prefix = f"{d.layout.info.get('batch_id')}."
+    return label[len(prefix):] if d.layout.info.get("batch_id") and label.startswith(prefix) else label
+
+
 def _wall_s(d: ReportData) -> float | None:
     info = d.layout.info
     if d.layout.kind == "run":
@@ -118,8 +124,8 @@ def groups(d: ReportData) -> str:
     if scored.empty:
         return section("groups", "Groups", [note("No rewards, so no group spread or advantages.")])
     first = scored.drop_duplicates("session_id")
-    spread = [(f"{g} (n={len(p)})", [float(v) for v in p["reward"]]) for g, p in first.groupby("group_id")]
-    adv = [(f"{g}", [float(v) for v in p["advantage"].dropna()]) for g, p in first.groupby("group_id")]
+    spread = [(f"{short(d, g)} (n={len(p)})", [float(v) for v in p["reward"]]) for g, p in first.groupby("group_id")]
+    adv = [(short(d, g), [float(v) for v in p["advantage"].dropna()]) for g, p in first.groupby("group_id")]
     how = ("as stored in the table" if d.advantage_source == "stored" else
            "computed here over the batch: reward − group mean (the stored parts were scored one sample at a time)")
     return section("groups", "Group reward spread and advantages", [
@@ -181,7 +187,7 @@ def chains(d: ReportData) -> str:
 
 def stages(d: ReportData) -> str:
     s = d.samples
-    timed = [(str(r.sample_id), {k: float(v) for k, v in (r.timings or {}).items() if isinstance(v, (int, float))})
+    timed = [(short(d, str(r.sample_id)), {k: float(v) for k, v in (r.timings or {}).items() if isinstance(v, (int, float))})
              for r in s.itertuples()] if len(s) else []
     timed = [(k, t) for k, t in timed if t]
     if not timed:
@@ -203,7 +209,7 @@ def samples_table(d: ReportData) -> str:
         secs = _seconds(r.timings or {})
         link = (f'<a href="#traj={escape(str(r.trajectory_id), quote=True)}">{escape(str(r.sample_id))}</a>'
                 if isinstance(r.trajectory_id, str) else escape(str(r.sample_id)))
-        cells = [r.task_id, r.group_id, r.harness, r.status, r.failure, r.reward, r.advantage, r.calls,
+        cells = [r.task_id, short(d, str(r.group_id)), r.harness, r.status, r.failure, r.reward, r.advantage, r.calls,
                  r.trajectories, r.trained_tokens, secs if r.timings else None]
         rows.append(f"<tr><td>{link}</td>" + "".join(
             f'<td data-v="{escape(_sort_key(v), quote=True)}">{escape(_cell(v))}</td>' for v in cells) + "</tr>")

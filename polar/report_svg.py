@@ -9,7 +9,7 @@ from typing import Mapping, Sequence
 PALETTE = ("#4269d0", "#efb118", "#ff725c", "#6cc5b0", "#3ca951", "#ff8ab7", "#a463f2", "#97bbf5", "#9c6b4e")
 STATUS_COLORS = {"completed": "#3ca951", "timeout": "#efb118", "error": "#ff725c"}
 WIDTH = 560
-LABEL_W = 150  # left margin for row labels
+LABEL_W = 175  # left margin for row labels
 ROW_H = 22
 
 
@@ -34,7 +34,7 @@ def _text(x: float, y: float, s: str, anchor: str = "start", cls: str = "") -> s
     return f'<text x="{x:.1f}" y="{y:.1f}" text-anchor="{anchor}" class="{cls}">{escape(s)}</text>'
 
 
-def _clip(label: str, n: int = 24) -> str:
+def _clip(label: str, n: int = 27) -> str:
     return label if len(label) <= n else label[: n - 1] + "…"
 
 
