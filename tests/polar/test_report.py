@@ -162,18 +162,18 @@ def make_batch(root: Path, tiny_model_dir: Path) -> Path:
         sample = f"{task}-{harness}-{i}"
         folder = root / "samples" / sample
         for r in _records(tok, task, sample, "Done." if reward else "I could not.", 1000.0 + 10 * i):
-            append_record(folder / "captures", r)
+            capture = append_record(folder / "attempt-1" / "captures", r)
         failure = {"timeout": "agent_timeout", "error": "infrastructure"}.get(status)
         entry = {"session_id": sample, "reward": reward, "status": status, "failure": failure,
                  "reason": "sandbox failed to start" if status == "error" else None, "group_id": task,
                  "harness": harness}
-        built = build_parquet(Selection(folder / "captures"), root / "trajectories" / f"{sample}.parquet",
+        built = build_parquet(Selection(folder / "attempt-1" / "captures"), root / "trajectories" / f"{sample}.parquet",
                               BuildConfig(), parse_outcomes([entry]))
         result = {"sample_id": sample, "task_id": task, "group_id": task, "adapter": harness, "status": status,
                   "failure": failure, "reason": entry["reason"], "reward": reward, "weight": 1.0, "exit_code": 0,
                   "evaluator_output": "", "timings": {"prepare_s": 1.0 + i, "run_s": 5.0, "evaluate_s": 0.5,
                                                       "postrun_s": 0.25},
-                  "trajectories": str(built.path), "capture_files": [], "node": "node-1"}
+                  "trajectories": str(built.path), "capture_files": [str(capture)], "node": "node-1"}
         (folder / "result.json").write_text(json.dumps(result))
     (root / "batch.json").write_text(json.dumps({"batch_id": "b1", "engine": "polar serve (reference)",
                                                  "model": str(tiny_model_dir), "wall_s": 42.0, "group_size": 2}))
