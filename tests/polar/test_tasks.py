@@ -90,3 +90,18 @@ def test_bad_jsonl_line_is_named(tmp_path: Path) -> None:
     f.write_text('{"task_id": "a", "instruction": "x", "evaluator": {"command": "true"}, "timeout_s": "soon"}\n')
     with pytest.raises(TaskError, match=rf"^{f}:1: timeout_s: expected a positive number"):
         load_tasks(f)
+
+
+def test_polar_run_task_reports_a_bad_file_in_one_line(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    f = tmp_path / "tasks.yaml"
+    f.write_text(GOOD.replace("  workspace: repo\n", "") + "  timeout_s: soon\n")
+    proc = subprocess.run([sys.executable, "-m", "polar.cli", "run", "--task", str(f), "--adapter", "pi"],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 2
+    assert proc.stderr == f"polar run: {f}:5: timeout_s: expected a positive number of seconds, got 'soon'\n"
+    proc = subprocess.run([sys.executable, "-m", "polar.cli", "run", "--task", str(DEMO), "--adapter", "pi"],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 2 and "pick one with --task-id (fix-calc, fix-greet, fix-wordcount)" in proc.stderr
