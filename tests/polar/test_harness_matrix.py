@@ -16,12 +16,14 @@ from typing import Any
 
 import httpx
 import pytest
+from transformers import AutoTokenizer
 
 from polar.adapters import WAYS_IN, AdapterSpec, available, load_adapter
 from polar.runner import EngineConfig, RunConfig, RunResult, run_session
 from polar.services import start_proxy
 from polar_traj import read as read_trajectories
 from polar_traj.messages import conversation_messages
+from tests.prompt_oracle import assert_prompt_faithful
 
 pytestmark = pytest.mark.slow
 
@@ -80,13 +82,18 @@ def matrix(tmp_path_factory, start_reference_server, policies_dir, long_model, r
     return futures  # each test takes its own result: one failed run fails one test
 
 
+@pytest.fixture(scope="module")
+def tokenizer(long_model):
+    return AutoTokenizer.from_pretrained(str(long_model))
+
+
 def test_matrix_covers_every_adapter():
     assert set(ADAPTERS) <= set(available())
 
 
 @pytest.mark.parametrize("via", WAYS_IN)
 @pytest.mark.parametrize("adapter", ADAPTERS)
-def test_shell_once(matrix, adapter: str, via: str) -> None:
+def test_shell_once(matrix, tokenizer, adapter: str, via: str) -> None:
     run = matrix[(adapter, via)].result()
     out = run.result.out
     diag = f"{adapter} via {via}, run folder {out}:\n{(out / 'harness.stderr').read_text()[-1500:]}"
@@ -94,6 +101,8 @@ def test_shell_once(matrix, adapter: str, via: str) -> None:
     assert (out / "workspace" / "polar.txt").read_text() == "polar\n", diag
     assert run.result.summary.files_changed["added"] == ["polar.txt"], diag
     _check_errors(run)
+    for record in run.records:  # each prompt says what the harness sent (an oracle apart from polar_mitm)
+        assert_prompt_faithful(record, tokenizer)
     agent = _agent_calls(run)
     assert len(agent) >= 2, f"{diag}\nagent calls: {len(agent)}"
     _check_shell_call(run, agent)
