@@ -22,11 +22,11 @@ import tarfile
 import time
 import uuid
 from contextlib import ExitStack, contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from polar.adapters import AdapterSpec, load_adapter
+from polar.adapters import AdapterSpec
 from polar.runner import (DEFAULT_CONFDIR, TOOLS_BIN, EngineConfig, HarnessSetup, capture_files,
                           changed_since_start, exec_harness, render_harness, shared_dir,
                           start_services, write_ca)
@@ -37,7 +37,6 @@ from polar.tasks import TaskSpec
 STATE = "sample.json"
 RESULT = "result.json"
 SERVICES = "services"  # run_sample's own engine and proxy, when it starts them
-STATUSES = ("completed", "timeout", "error")
 
 
 @dataclass(frozen=True)
@@ -232,9 +231,9 @@ def evaluate_sample(sample_dir: Path) -> None:
 def postrun_sample(sample_dir: Path) -> SampleResult:
     """Trajectories with the outcome, the session ended, the sandbox stopped; result.json. Idempotent cleanup."""
     out = Path(sample_dir)
-    state = _load(out)
     start = time.monotonic()
     cleanup_sample(out)
+    state = _load(out)
     files = _captures(state)
     status, failure, reason, reward = _outcome(state, files)
     entry = {"session_id": state["sample_id"], "status": status, "failure": failure, "reason": reason,
@@ -386,16 +385,3 @@ def _private_sessions(folder: Path, stack: ExitStack) -> str:
     if not shutil.which("redis-server"):
         return "open"
     return stack.enter_context(private_redis(folder))
-
-
-def outcome_summary(result: SampleResult) -> list[str]:
-    reward = "none" if result.reward is None else f"{result.reward:g}"
-    lines = [f"status {result.status}" + (f" ({result.failure})" if result.failure else "") +
-             f", reward {reward}, weight {result.weight:g}, harness exit {result.exit_code}"]
-    if result.reason:
-        lines.append(f"reason: {result.reason}")
-    if result.evaluator_output.strip():
-        lines.append("evaluator output:")
-        lines += [f"  {line}" for line in result.evaluator_output.strip().splitlines()[-15:]]
-    return lines
-

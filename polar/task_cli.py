@@ -10,12 +10,13 @@ import uuid
 from pathlib import Path
 
 from polar.adapters import AdapterError, load_adapter
+from polar.sample import SampleResult
 
 
 def run_task(args: argparse.Namespace) -> int:
     from polar.run_cli import reused_proxy
     from polar.runner import EngineConfig
-    from polar.sample import SampleConfig, outcome_summary, run_sample
+    from polar.sample import SampleConfig, run_sample
     from polar.services import ServiceError
     from polar.tasks import TaskError, load_tasks, select_task
 
@@ -58,3 +59,16 @@ def run_task(args: argparse.Namespace) -> int:
     print(f"  trajectories: {result.trajectories or 'none (no LLM call recorded)'}")
     print(f"  sample folder: {out}")
     return 0 if result.status == "completed" else 124 if result.status == "timeout" else 1
+
+
+def outcome_summary(result: SampleResult) -> list[str]:
+    reward = "none" if result.reward is None else f"{result.reward:g}"
+    lines = [f"status {result.status}" + (f" ({result.failure})" if result.failure else "") +
+             f", reward {reward}, weight {result.weight:g}, harness exit {result.exit_code}"]
+    if result.reason:
+        lines.append(f"reason: {result.reason}")
+    if result.evaluator_output.strip():
+        lines.append("evaluator output:")
+        lines += [f"  {line}" for line in result.evaluator_output.strip().splitlines()[-15:]]
+    return lines
+
