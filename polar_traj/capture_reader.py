@@ -9,7 +9,6 @@ from collections import deque
 from dataclasses import fields
 from typing import Any, Iterator
 
-import orjson
 
 from .captures import CAPTURE_VERSION, loads_line
 from .records import CallRecord
@@ -18,6 +17,7 @@ _FIELDS = tuple(f.name for f in fields(CallRecord))
 _REQUIRED = frozenset(_FIELDS) - {"error", "flags"}
 _PROMPT_KEY = b'"prompt_ids":'
 _LINEAR = b'{"capture_version"'
+_INT_TEXT = b"0123456789-, \t\r\n"  # what a JSON array of integers holds between its brackets
 _REQUEST_KEY, _RESPONSE_KEY = b'"request":', b'"response":'
 RECENT_TEXTS = 4  # format-1 prompt texts a decoder compares a new line's prompt text against
 
@@ -76,17 +76,21 @@ class CaptureDecoder:
         data["prompt_ids"] = ids
         return data, stored
 
-    def _prompt_text(self, text: bytes) -> tuple[tuple[int, ...] | list[Any], list[Any]]:
+    def _prompt_text(self, text: bytes) -> tuple[tuple[int, ...] | list[Any], tuple[int, ...] | list[Any]]:
+        """(prompt ids, the ids parsed here): a tuple when they are all integers (the JSON text has nothing
+        but digits, signs, commas and blanks), else what JSON made of them, for the slow path to refuse."""
         for old, old_ids in self._texts:
             head = len(old)
             if len(text) > head and text.startswith(old) and text[head] in b",]":
-                stored = orjson.loads(b"[" + text[head + 1:]) if text[head] == 44 else []
+                inner = text[head + 1:-1]
                 break
         else:
-            old_ids, stored = (), orjson.loads(text)
-        if type(stored) is not list or not _only(stored, int):
-            return stored if not old_ids else list(old_ids) + stored, stored
-        ids = old_ids + tuple(stored)
+            old_ids, inner = (), text[1:-1]
+        stored = loads_line(b"[" + inner + b"]")
+        if inner.translate(None, _INT_TEXT) or type(stored) is not list:
+            return (list(old_ids) + stored if old_ids else stored), stored
+        stored = tuple(stored)
+        ids = old_ids + stored
         self._texts.appendleft((text[:-1], ids))
         return ids, stored
 
@@ -168,11 +172,12 @@ def _without_request(line: bytes) -> bytes:
 def record_from_dict(data: dict[str, Any], stored: Any = None) -> CallRecord:
     """CallRecord.from_dict with a fast path for the usual case (id lists of plain ints, logprobs of floats)
     that converts no id one by one. `stored`: the prompt ids the line itself held, when the rest came
-    from an earlier line (only they need checking: the rest was checked on its own line)."""
+    from an earlier line (only they need checking: the rest was checked on its own line); a tuple of
+    them is known to hold only integers."""
     prompt, output, logprobs = data.get("prompt_ids"), data.get("output_ids"), data.get("output_logprobs")
     stored = prompt if stored is None else stored
     if (_REQUIRED <= data.keys() and type(prompt) in (list, tuple) and type(output) is list
-            and type(stored) in (list, tuple) and _only(stored, int) and _only(output, int)
+            and (type(stored) is tuple or type(stored) is list and _only(stored, int)) and _only(output, int)
             and (logprobs is None or type(logprobs) is list) and _only(logprobs or [], float)):
         kwargs = {k: data[k] for k in _FIELDS if k in data}
         kwargs.update(prompt_ids=tuple(prompt), output_ids=tuple(output), output_logprobs=tuple(logprobs or ()),

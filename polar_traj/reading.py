@@ -12,7 +12,7 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 from .capture_reader import CaptureDecoder, record_from_dict  # noqa: F401 (record_from_dict: re-exported)
 from .captures import loads_line
@@ -87,7 +87,7 @@ def read_session(sf: SessionFile, payloads: bool = False, strict: bool = True) -
     for offset, lineno, data, stored in decoder.lines(payloads):
         try:
             record = decoder.decode(data, payload=payloads, stored=stored)
-            problems = validate(record, sf, seen, stored if type(stored) is list else None)
+            problems = validate(record, sf, seen, stored if type(stored) in (list, tuple) else None)
             if problems:
                 decoder.drop(record)
                 raise ValueError("; ".join(problems))
@@ -110,7 +110,7 @@ def iter_sessions(files: list[SessionFile], payloads: bool = False, strict: bool
         yield read_session(sf, payloads=payloads, strict=strict)
 
 
-def validate(record: CallRecord, sf: SessionFile, seen: set[str], stored: list[int] | None = None) -> list[str]:
+def validate(record: CallRecord, sf: SessionFile, seen: set[str], stored: Sequence[int] | None = None) -> list[str]:
     """What is wrong with one record in its file; empty when it is usable. `stored`: the prompt ids its
     line stored (a linear line's prefix was checked on the line it came from)."""
     problems = []
