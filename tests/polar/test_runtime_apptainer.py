@@ -3,6 +3,7 @@ inside, the proxy reachable through a socket bridge and nothing else, host files
 timeout stops the command, stop ends the instance, a missing image is named."""
 from __future__ import annotations
 
+import os
 import re
 import socket
 import subprocess
@@ -137,3 +138,14 @@ def test_missing_image_is_named(tmp_path) -> None:
     missing = tmp_path / "no-such-image.sif"
     with pytest.raises(SandboxError, match=f"image {missing} not found"):
         get_runtime("apptainer").prepare(Mounts(tmp_path, tmp_path, tmp_path), image=str(missing))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a SIF needs root here (rootless: /dev/fuse)")
+def test_sif_image_as_root(tmp_path) -> None:
+    sif = demo_image().parent / "image.sif"
+    box = get_runtime("apptainer").prepare(Mounts(tmp_path, tmp_path, tmp_path), image=str(sif))
+    try:
+        code, out = run(box, ["python3", "-c", "import pytest; print('pytest', pytest.__version__)"], tmp_path)
+    finally:
+        box.stop()
+    assert code == 0 and out.startswith("pytest "), out
