@@ -207,8 +207,9 @@ def samples_table(d: ReportData) -> str:
     rows = []
     for r in s.itertuples():
         secs = _seconds(r.timings or {})
-        link = (f'<a href="#traj={escape(str(r.trajectory_id), quote=True)}">{escape(str(r.sample_id))}</a>'
-                if isinstance(r.trajectory_id, str) else escape(str(r.sample_id)))
+        name = escape(short(d, str(r.sample_id)))
+        link = (f'<a href="#traj={escape(str(r.trajectory_id), quote=True)}">{name}</a>'
+                if isinstance(r.trajectory_id, str) else name)
         cells = [r.task_id, short(d, str(r.group_id)), r.harness, r.status, r.failure, r.reward, r.advantage, r.calls,
                  r.trajectories, r.trained_tokens, secs if r.timings else None]
         rows.append(f"<tr><td>{link}</td>" + "".join(
