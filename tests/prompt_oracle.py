@@ -155,9 +155,9 @@ def read_openai_chat(body: dict[str, Any]) -> Request:
         turns += _in_conversation_system(texts) if m["role"] in ("system", "developer") else texts
         for j, call in enumerate(m.get("tool_calls") or []):
             turns += _text(f"{at}.tool_calls[{j}].name", call["function"]["name"])
-    tools = [_tool(f"tools[{i}]", t["function"]) for i, t in enumerate(body.get("tools") or [])
-             if t.get("type") == "function"]
-    return Request([], sum(tools, []), turns)
+    tools = [s for i, t in enumerate(body.get("tools") or []) if t.get("type") == "function"
+             for s in _tool(f"tools[{i}]", t["function"])]
+    return Request([], tools, turns)
 
 
 def read_openai_responses(body: dict[str, Any]) -> Request:
@@ -174,8 +174,7 @@ def read_openai_responses(body: dict[str, Any]) -> Request:
         elif kind in ("function_call", "custom_tool_call"):
             turns += _text(f"{at}.name", item["name"])
         elif kind in ("function_call_output", "custom_tool_call_output"):
-            output = item.get("output")
-            turns += _part_texts(output, f"{at}.output")
+            turns += _part_texts(item.get("output"), f"{at}.output")
         elif kind != "reasoning":
             raise ValueError(f"{at}: the prompt oracle does not know input item type {kind!r}")
     return Request(system, _responses_tools(body), turns)
@@ -187,21 +186,21 @@ def _responses_tools(body: dict[str, Any]) -> list[Sent]:
 
 
 def read_anthropic(body: dict[str, Any]) -> Request:
-    system = _anthropic_blocks(body.get("system"), "system", [])
+    system = _anthropic_blocks(body.get("system"), "system")
     turns: list[Sent] = []
     for i, m in enumerate(body["messages"]):
         at = f"messages[{i}] ({m['role']})"
-        texts = _anthropic_blocks(m.get("content"), at, [])
+        texts = _anthropic_blocks(m.get("content"), at)
         turns += _in_conversation_system(texts) if m["role"] == "system" else texts
     tools = [s for i, t in enumerate(body.get("tools") or []) if t.get("type") in (None, "custom")
              for s in _tool(f"tools[{i}]", t)]
     return Request(system, tools, turns)
 
 
-def _anthropic_blocks(content: Any, at: str, out: list[Sent]) -> list[Sent]:
+def _anthropic_blocks(content: Any, at: str) -> list[Sent]:
     if content is None or isinstance(content, str):
-        out += _part_texts(content, at)
-        return out
+        return _part_texts(content, at)
+    out: list[Sent] = []
     for j, block in enumerate(content):
         kind, where = block.get("type"), f"{at}.content[{j}]"
         if kind == "text":
