@@ -32,7 +32,7 @@ from polar.runtime import ExecResult, Mounts, Sandbox, get_runtime
 from polar.services import ROOT, ProxyHandle, Session, context_view, new_session, reference_server, start_proxy
 
 TOOLS_BIN = ROOT / ".tools" / "npm" / "node_modules" / ".bin"
-PYTHON_TOOLS_BIN = ROOT / ".tools" / "python" / "bin"  # Python harnesses' commands, each from its own venv
+HARNESS_BIN = ROOT / ".tools" / "bin"  # commands of harnesses in their own environments (Python venvs, OpenClaw)
 DEFAULT_CONFDIR = Path("~/.polar/mitmproxy").expanduser()
 
 
@@ -60,7 +60,7 @@ class RunConfig:
     task_id: str = "local"
     session_id: str | None = None
     confdir: Path = DEFAULT_CONFDIR  # where a proxy started here keeps its CA
-    tools_bin: tuple[Path, ...] = (TOOLS_BIN, PYTHON_TOOLS_BIN)
+    tools_bin: tuple[Path, ...] = (TOOLS_BIN, HARNESS_BIN)
 
 
 @dataclass

@@ -2,7 +2,7 @@
 # The Python harnesses, each in its own venv .tools/<name>-venv (never the project's .venv, whose pins
 # must not move), pinned twice: the harness's version below, and every dependency by
 # scripts/harnesses/python/<name>.txt (written by the first install, like npm's lock). Each harness's
-# command is linked into .tools/python/bin, which `polar run` puts on the harness's PATH (the venvs' own
+# command is linked into .tools/bin, which `polar run` puts on the harness's PATH (the venvs' own
 # bin folders stay off it, so the harness's shell keeps the system python). Skipped per harness when its
 # lock matches the venv's stamp; after an install the command must print its pinned version inside a
 # loopback-only network namespace. Prints how long each harness and the whole step took, and its size.
@@ -18,7 +18,7 @@ HARNESSES=(
   "hermes-agent|hermes-agent==0.19.0|hermes|--version"
 )
 locks=scripts/harnesses/python
-links=.tools/python/bin
+links=.tools/bin
 mkdir -p "$locks" "$links"
 # The system python: the bwrap sandbox shows /usr but not a pyenv or conda prefix a venv would point into.
 py=/usr/bin/python3

@@ -25,4 +25,7 @@ bash scripts/install_harnesses.sh
 step "python harnesses (a venv each, pinned)"
 bash scripts/install_python_harnesses.sh
 
+step "openclaw (npm, pinned, on its own node)"
+bash scripts/install_openclaw.sh
+
 step "setup done"

@@ -1,5 +1,6 @@
 """The Python side of the harness matrix (issue 15): mini-swe-agent, Aider and Hermes Agent, each from its own
-venv (scripts/install_python_harnesses.sh), x both ways in, running the `write-then-finish` scripted policy
+venv (scripts/install_python_harnesses.sh), and OpenClaw on its own Node.js (scripts/install_openclaw.sh),
+x both ways in, running the `write-then-finish` scripted policy
 through the real proxy and the real reference server, each in its own loopback-only sandbox.
 
 The runs share one reference server and one proxy (sessions in a private Redis) on a small thread pool, as in
@@ -20,7 +21,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from polar.adapters import WAYS_IN, AdapterError, available, load_adapter, parse_adapter
-from polar.runner import PYTHON_TOOLS_BIN, RunConfig
+from polar.runner import HARNESS_BIN, RunConfig
 from polar.services import start_proxy
 from polar_traj.messages import conversation_messages
 from tests.polar.test_harness_matrix import (
@@ -30,14 +31,16 @@ from tests.prompt_oracle import assert_prompt_faithful
 
 ROOT = Path(__file__).resolve().parents[2]
 INSTALLER = ROOT / "scripts" / "install_python_harnesses.sh"
+OPENCLAW_PACKAGE = ROOT / "scripts" / "harnesses" / "openclaw" / "package.json"
 WRITE = "echo polar > polar.txt"
 # adapter -> (agent calls, how the last agent call finishes): a shell tool call, then the harness's own end.
 EXPECT = {
+    "openclaw": (2, {"content": "Done."}),
     "mini-swe-agent": (2, {"tool": "bash", "arguments": {"command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"}}),
     "hermes-agent": (2, {"content": "Done."}),
     "aider": (1, {"content": "polar.txt\n```\npolar\n```"}),  # no tools: one whole-file edit block, then exit
 }
-ADAPTERS = tuple(EXPECT)  # longest prompts first: hermes 6.5k tokens, mini 1.8k, aider 0.6k
+ADAPTERS = tuple(EXPECT)  # slowest first: openclaw 10k tokens, hermes 6.5k, mini 1.8k, aider 0.6k
 WORKERS = 3
 
 
@@ -47,21 +50,25 @@ def installed_pins() -> dict[str, tuple[str, str, str]]:
     return {name: (package, version, cli) for name, package, version, cli in rows}
 
 
-def test_python_adapters_load_and_match_the_installer():
+def test_adapters_load_and_match_their_installers():
     pins = installed_pins()
-    assert set(ADAPTERS) <= set(available()) and set(ADAPTERS) <= set(pins)
+    assert set(ADAPTERS) <= set(available())
     for name in ADAPTERS:
         spec = load_adapter(name)
         assert set(spec.ways_in) == set(WAYS_IN)
         package = spec.package
-        assert package is not None and package.npm is None
-        assert pins[name] == (package.pypi, package.version, package.bin), f"{name}: {package} vs {INSTALLER}"
+        assert package is not None
+        if package.npm is not None:
+            pinned = json.loads(OPENCLAW_PACKAGE.read_text())["dependencies"]
+            assert pinned.get(package.npm) == package.version, f"{name}: {package} vs {OPENCLAW_PACKAGE}"
+        else:
+            assert pins[name] == (package.pypi, package.version, package.bin), f"{name}: {package} vs {INSTALLER}"
 
 
-def test_python_harnesses_run_from_their_own_path():
-    """Their commands are on the harness PATH the runner builds, apart from the npm CLIs."""
+def test_harnesses_in_their_own_environments_are_on_the_path():
+    """Their commands are on the harness PATH the runner builds, apart from the six npm CLIs."""
     spec = load_adapter("mini-swe-agent")
-    assert PYTHON_TOOLS_BIN in RunConfig(spec, "x", Path("out")).tools_bin
+    assert HARNESS_BIN in RunConfig(spec, "x", Path("out")).tools_bin
 
 
 @pytest.mark.parametrize("package, why", [
@@ -78,16 +85,16 @@ def test_package_needs_one_registry_and_a_pin(package: dict[str, Any], why: str)
 
 @pytest.fixture(scope="module")
 def matrix(tmp_path_factory, start_reference_server, policies_dir, long_model, redis_url):
-    missing = [a for a in ADAPTERS if not (PYTHON_TOOLS_BIN / load_adapter(a).package.bin).exists()]
+    missing = [a for a in ADAPTERS if not (HARNESS_BIN / load_adapter(a).package.bin).exists()]
     if missing:
-        pytest.fail(f"Python harnesses missing under {PYTHON_TOOLS_BIN}: {missing} (run make setup)")
+        pytest.fail(f"harnesses missing under {HARNESS_BIN}: {missing} (run make setup)")
     backend = start_reference_server(policies_dir / "write-then-finish.yaml", long_model, "--threads", "2")
     tmp = tmp_path_factory.mktemp("matrix-python")
     with start_proxy(long_model, backend, tmp / "captures", tmp / "mitm", tmp / "proxy.log", redis_url) as proxy:
         with ThreadPoolExecutor(WORKERS) as pool:  # leaving the block waits for every run
             futures = {(a, v): pool.submit(one_run, load_adapter(a), v, tmp / f"{a}-{v}", backend, long_model, proxy)
                        for a in ADAPTERS for v in WAYS_IN}
-    print(f"\npython harness matrix (run wall time with {WORKERS} runs sharing the engine):")
+    print(f"\nharness matrix, own environments (run wall time with {WORKERS} runs sharing the engine):")
     for (a, v), future in futures.items():
         if future.exception() is None:
             run = future.result()
