@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from polar.adapters import AdapterSpec
-from polar.runner import (DEFAULT_CONFDIR, TOOLS_BIN, EngineConfig, HarnessSetup, capture_files,
+from polar.runner import (DEFAULT_CONFDIR, HARNESS_BIN, TOOLS_BIN, EngineConfig, HarnessSetup, capture_files,
                           changed_since_start, exec_harness, render_harness, shared_dir,
                           start_services, write_ca)
 from polar.runtime import Mounts, Sandbox, get_runtime, resolve_runtime
@@ -50,7 +50,7 @@ class SampleConfig:
     way_in: str = "https_proxy"  # https_proxy | base_url
     model: str | None = None  # model name the harness asks for; default: the adapter's
     confdir: Path = DEFAULT_CONFDIR  # CA dir of a proxy started by run_sample
-    tools_bin: tuple[Path, ...] = (TOOLS_BIN,)
+    tools_bin: tuple[Path, ...] = (TOOLS_BIN, HARNESS_BIN)  # as polar run; Apptainer binds only .tools/npm
 
 
 @dataclass
