@@ -11,11 +11,12 @@ self=$(readlink -f "$0")
 cd "$(dirname "$self")/.."
 source scripts/lib.sh
 
-# name  pip requirement  command (in the venv's bin)  version check argv after the command
+# name | pip requirement | command (in the venv's bin) | version check argv after the command | python
 HARNESSES=(
-  "mini-swe-agent|mini-swe-agent==2.4.6|mini|--help"
-  "aider|aider-chat==0.86.2|aider|--version"
-  "hermes-agent|hermes-agent==0.19.0|hermes|--version"
+  "mini-swe-agent|mini-swe-agent==2.4.6|mini|--help|system"
+  "aider|aider-chat==0.86.2|aider|--version|system"
+  "hermes-agent|hermes-agent==0.19.0|hermes|--version|system"
+  "openhands|openhands==1.16.0|openhands|--version|3.12"
 )
 locks=scripts/harnesses/python
 links=.tools/bin
@@ -31,12 +32,33 @@ pyver=$("$py" -c 'import sys; print(sys.version.split()[0])')
 offline=(unshare -n); [ "$(id -u)" = 0 ] || offline=(unshare -rn)
 ip=$(PATH=$PATH:/usr/sbin:/sbin command -v ip) || die "ip (iproute2) missing"
 
-stamp_of() { { echo "$2 python$pyver"; cat "$locks/$1.txt" 2>/dev/null; } | sha256sum | cut -c1-16; }
+stamp_of() { { echo "$2 python$3"; cat "$locks/$1.txt" 2>/dev/null; } | sha256sum | cut -c1-16; }
+
+# OpenHands needs Python 3.12 exactly; Debian 12 has 3.11. A pyenv 3.12 (as on these machines) is copied to
+# .tools/python3.12 with its libpython found relative to the binary, so that the sandbox, which shows .tools
+# but not /root/.pyenv, can run it. Prints the interpreter, or nothing when there is none.
+python312() {
+  local dst=.tools/python3.12 src
+  if [ ! -x "$dst/bin/python3.12" ]; then
+    src=$(ls -d "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.12.* 2> /dev/null | sort -V | tail -n 1)
+    [ -n "$src" ] && [ -x "$src/bin/python3.12" ] || return 0
+    command -v patchelf > /dev/null || die "patchelf is needed to relocate $src (scripts/setup_apt.sh installs it)"
+    rm -rf "$dst.tmp" && cp -a "$src" "$dst.tmp"
+    patchelf --set-rpath '$ORIGIN/../lib' "$dst.tmp/bin/python3.12"
+    mv "$dst.tmp" "$dst"
+  fi
+  "$dst/bin/python3.12" -c 'import venv, ensurepip' 2> /dev/null && echo "$PWD/$dst/bin/python3.12"
+}
 
 install_one() {
-  local name=$1 req=$2 cli=$3 check=$4
-  local venv=.tools/$name-venv lock=$locks/$name.txt start=$SECONDS
-  if [ -x "$venv/bin/$cli" ] && [ -f "$lock" ] && [ "$(cat "$venv/.installed" 2>/dev/null)" = "$(stamp_of "$name" "$req")" ]; then
+  local name=$1 req=$2 cli=$3 check=$4 python=$5
+  local venv=.tools/$name-venv lock=$locks/$name.txt start=$SECONDS py=$py pyver=$pyver
+  if [ "$python" != system ]; then
+    py=$(python312)
+    [ -n "$py" ] || { info "$name: skipped, no Python $python here (it needs exactly that version)"; return 0; }
+    pyver=$("$py" -c 'import sys; print(sys.version.split()[0])')
+  fi
+  if [ -x "$venv/bin/$cli" ] && [ -f "$lock" ] && [ "$(cat "$venv/.installed" 2>/dev/null)" = "$(stamp_of "$name" "$req" "$pyver")" ]; then
     ln -sfn "$PWD/$venv/bin/$cli" "$links/$cli"
     info "$name: up to date ($venv)"; return 0
   fi
@@ -58,13 +80,13 @@ install_one() {
         '"$0" link set lo up && exec timeout 120 "$1" "$2"' "$ip" "$PWD/$links/$cli" "$check" 2>&1) \
     || die "$name: $cli $check failed offline: $(tail -n 5 <<< "$out")"
   rm -rf "$home"
-  stamp_of "$name" "$req" > "$venv/.installed"
+  stamp_of "$name" "$req" "$pyver" > "$venv/.installed"
   info "$name ($req): $links/$cli, installed in $((SECONDS - start)) s, $(du -sh "$venv" | cut -f1)"
 }
 
 start=$SECONDS
 for entry in "${HARNESSES[@]}"; do
-  IFS='|' read -r name req cli check <<< "$entry"
-  install_one "$name" "$req" "$cli" "$check"
+  IFS='|' read -r name req cli check python <<< "$entry"
+  install_one "$name" "$req" "$cli" "$check" "$python"
 done
 info "python harnesses ready in $((SECONDS - start)) s"

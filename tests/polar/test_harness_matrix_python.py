@@ -1,5 +1,5 @@
-"""The Python side of the harness matrix (issue 15): mini-swe-agent, Aider and Hermes Agent, each from its own
-venv (scripts/install_python_harnesses.sh), and OpenClaw on its own Node.js (scripts/install_openclaw.sh),
+"""The Python side of the harness matrix (issue 15): mini-swe-agent, OpenHands, Aider and Hermes Agent, each from
+its own venv (scripts/install_python_harnesses.sh), and OpenClaw on its own Node.js (scripts/install_openclaw.sh),
 x both ways in, running the `write-then-finish` scripted policy
 through the real proxy and the real reference server, each in its own loopback-only sandbox.
 
@@ -35,12 +35,13 @@ OPENCLAW_PACKAGE = ROOT / "scripts" / "harnesses" / "openclaw" / "package.json"
 WRITE = "echo polar > polar.txt"
 # adapter -> (agent calls, how the last agent call finishes): a shell tool call, then the harness's own end.
 EXPECT = {
+    "openhands": (2, {"tool": "finish", "arguments": {"message": "Done."}}),
     "openclaw": (2, {"content": "Done."}),
     "mini-swe-agent": (2, {"tool": "bash", "arguments": {"command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"}}),
     "hermes-agent": (2, {"content": "Done."}),
     "aider": (1, {"content": "polar.txt\n```\npolar\n```"}),  # no tools: one whole-file edit block, then exit
 }
-ADAPTERS = tuple(EXPECT)  # slowest first: openclaw 10k tokens, hermes 6.5k, mini 1.8k, aider 0.6k
+ADAPTERS = tuple(EXPECT)  # slowest first: openhands 18k tokens, openclaw 10k, hermes 6.5k, mini 1.8k, aider 0.6k
 WORKERS = 3
 
 
