@@ -44,14 +44,19 @@ class Egress:
         for name, value in FORCED.items():
             if getattr(opts, name) != value:
                 opts.update(**{name: value})
+
+    def check(self, opts) -> None:
+        """Once running (raising from configure would make mitmproxy roll back and configure again, forever)."""
         for name in MUST_BE_EMPTY:
             if getattr(opts, name):
                 raise OptionsError(f"{name}: must stay empty with Polar (it would bypass the proxy's checks)")
-        if "mode" in updated:
-            try:
-                check_modes(list(opts.mode))
-            except ValueError as e:
-                raise OptionsError(f"mode: {e}") from e
+        for name, value in FORCED.items():
+            if getattr(opts, name) != value:
+                raise OptionsError(f"{name}: must be {value!r} with Polar")
+        try:
+            check_modes(list(opts.mode))
+        except ValueError as e:
+            raise OptionsError(f"mode: {e}") from e
 
     def next_layer(self, nextlayer: layer.NextLayer) -> None:
         if isinstance(nextlayer.layer, TUNNEL_LAYERS):

@@ -72,7 +72,7 @@ def _tail(log: Path, n: int = 3000) -> str:
 
 
 def start_proxy(workdir: Path, backend: str, model_dir: Path, *extra: str, hosts_file: Path | None = None,
-                reverse_target: str | None = None) -> tuple[subprocess.Popen, ProxyProcess]:
+                reverse_target: str | None = None, quiet: bool = True) -> tuple[subprocess.Popen, ProxyProcess]:
     """mitmdump on two fresh loopback ports; the caller stops the returned process.
 
     `hosts_file` (tests, root only): run it in a private mount namespace where that file is /etc/hosts, so a
@@ -82,7 +82,7 @@ def start_proxy(workdir: Path, backend: str, model_dir: Path, *extra: str, hosts
     p1, p2 = free_port(), free_port()
     confdir, capture, log = workdir / "mitm", workdir / "captures", workdir / "mitmdump.log"
     cmd = [
-        str(Path(sys.executable).parent / "mitmdump"), "-q", "-s", str(ADDON),
+        str(Path(sys.executable).parent / "mitmdump"), *(["-q"] if quiet else ["--set", "flow_detail=0"]), "-s", str(ADDON),
         "--mode", f"regular@127.0.0.1:{p1}", "--mode", f"reverse:{reverse_target or backend}@127.0.0.1:{p2}",
         "--set", f"confdir={confdir}", "--set", "connection_strategy=lazy",
         "--set", f"polar_backend={backend}", "--set", f"polar_tokenizer={model_dir}",

@@ -48,6 +48,7 @@ class Polar:
             self.fence.configure(spec if spec.startswith(("redis://", "unix://")) else None)
 
     async def running(self) -> None:
+        self.egress.check(ctx.options)
         await self.router.running()
         self.egress.allowed = {self.router.relay.address}
         self.fence.start()

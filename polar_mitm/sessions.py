@@ -137,8 +137,9 @@ def unregister_session(redis_url: str, token: str) -> None:
         client.publish(ENDED_CHANNEL, raw)
 
 
-def watch_ended(redis_url: str, on_end) -> "asyncio.Task":
-    """Call `on_end(task_id, session_id)` for every session unregistered from now on (a background task)."""
+def watch_ended(redis_url: str, on_end):
+    """Call `on_end(task_id, session_id)` for every session unregistered from now on; returns the background
+    asyncio task."""
     import asyncio
 
     import redis.asyncio

@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import json
+import os
+import socket
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,3 +53,53 @@ def proxy(tmp_path_factory, reference_server, tiny_model_dir):
     proc, handle = start_proxy(tmp_path_factory.mktemp("proxy"), reference_server, tiny_model_dir)
     yield handle
     stop(proc)
+
+
+class CountingListener:
+    """A TCP listener on 127.0.0.1 that only counts connections: proof that nothing reached it."""
+
+    def __init__(self, port: int = 0) -> None:
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", port))
+        self.sock.listen()
+        self.port = self.sock.getsockname()[1]
+        self.peers: list[tuple[str, int]] = []  # in the order accepted
+        self.seen = threading.Condition()
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self) -> None:
+        while True:
+            try:
+                conn, peer = self.sock.accept()
+            except OSError:
+                return
+            with self.seen:
+                self.peers.append(peer)
+                self.seen.notify_all()
+            conn.close()
+
+    def accepted_before_now(self, timeout_s: float = 30.0) -> int:
+        """Connections that arrived before this call. Connects once itself and waits until the accept thread
+        took that connection: the kernel hands connections over in arrival order, so all earlier ones are counted."""
+        with socket.create_connection(("127.0.0.1", self.port)) as probe:
+            me = probe.getsockname()
+            with self.seen:
+                assert self.seen.wait_for(lambda: me in self.peers, timeout_s), "the listener never accepted"
+                return self.peers.index(me)
+
+
+PROVIDER_HOSTS = ("api.openai.com", "api.anthropic.com", "generativelanguage.googleapis.com",
+                  "dashscope.aliyuncs.com", "dashscope-intl.aliyuncs.com")
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="binds port 443 and mounts a private /etc/hosts")
+
+
+@pytest.fixture(scope="session")
+def provider_host(tmp_path_factory):
+    """A listener on 127.0.0.1:443 and an /etc/hosts that sends every provider hostname to it: what a leak to
+    a real provider would reach (the suite runs in a loopback-only network namespace)."""
+    listener = CountingListener(443)
+    hosts = tmp_path_factory.mktemp("hosts") / "hosts"
+    hosts.write_text("127.0.0.1 localhost\n" + "".join(f"127.0.0.1 {h}\n" for h in PROVIDER_HOSTS))
+    yield listener, hosts
+    listener.sock.close()

@@ -4,30 +4,15 @@ checked with listeners bound as the provider hostnames (a private /etc/hosts) an
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 
 from polar_mitm.launch import stop
-from tests.polar_mitm.conftest import start_proxy
+from tests.polar_mitm.conftest import needs_root, start_proxy
 from tests.polar_mitm.provider_requests import APIS, is_provider_error, provider_request, send, stream_error
-from tests.polar_mitm.test_proxy_refusal import CountingListener
 
 FAULT_ADDON = Path(__file__).with_name("fault_addon.py")
-PROVIDER_HOSTS = ("api.openai.com", "api.anthropic.com", "generativelanguage.googleapis.com",
-                  "dashscope.aliyuncs.com", "dashscope-intl.aliyuncs.com")
-needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="binds port 443 and mounts a private /etc/hosts")
-
-
-@pytest.fixture(scope="module")
-def provider_host(tmp_path_factory):
-    """A listener on 127.0.0.1:443 and an /etc/hosts that sends every provider hostname to it."""
-    listener = CountingListener(443)
-    hosts = tmp_path_factory.mktemp("hosts") / "hosts"
-    hosts.write_text("127.0.0.1 localhost\n" + "".join(f"127.0.0.1 {h}\n" for h in PROVIDER_HOSTS))
-    yield listener, hosts
-    listener.sock.close()
 
 
 def fault_proxy(tmp_path, reference_server, model_dir, hosts, fault: str):

@@ -2,50 +2,14 @@
 from __future__ import annotations
 
 import json
-import socket
-import threading
 
 import httpx
 import pytest
 
 from polar_mitm.launch import stop
 from polar_mitm.sessions import register_session
-from tests.polar_mitm.conftest import free_port, start_proxy
+from tests.polar_mitm.conftest import CountingListener, free_port, start_proxy
 from tests.redis_server import redis_server
-
-
-class CountingListener:
-    """A TCP listener on 127.0.0.1 that only counts connections: proof that nothing reached it."""
-
-    def __init__(self, port: int = 0) -> None:
-        self.sock = socket.socket()
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.0.1", port))
-        self.sock.listen()
-        self.port = self.sock.getsockname()[1]
-        self.peers: list[tuple[str, int]] = []  # in the order accepted
-        self.seen = threading.Condition()
-        threading.Thread(target=self._run, daemon=True).start()
-
-    def _run(self) -> None:
-        while True:
-            try:
-                conn, peer = self.sock.accept()
-            except OSError:
-                return
-            with self.seen:
-                self.peers.append(peer)
-                self.seen.notify_all()
-            conn.close()
-
-    def accepted_before_now(self, timeout_s: float = 30.0) -> int:
-        """Connections that arrived before this call. Connects once itself and waits until the accept thread
-        took that connection: the kernel hands connections over in arrival order, so all earlier ones are counted."""
-        with socket.create_connection(("127.0.0.1", self.port)) as probe:
-            me = probe.getsockname()
-            with self.seen:
-                assert self.seen.wait_for(lambda: me in self.peers, timeout_s), "the listener never accepted"
-                return self.peers.index(me)
 
 
 def test_connect_to_other_hosts_is_refused_before_any_connection(proxy):
