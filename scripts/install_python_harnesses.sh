@@ -64,17 +64,17 @@ install_one() {
   fi
   rm -rf "$venv"
   "$py" -m venv "$venv"
-  local pip=("$venv/bin/pip" install --disable-pip-version-check --no-input --quiet)
+  local pip=("$venv/bin/pip" install --disable-pip-version-check --no-input --quiet) log=.cache/pip-$name.log
   if [ -f "$lock" ]; then
-    net "pip install $name (from $lock)" "${pip[@]}" -r "$lock"
+    "${pip[@]}" -r "$lock" > "$log" 2>&1 || { tail -n 20 "$log" >&2; die "pip install $name (from $lock) failed (network or registry unreachable?)"; }
   else
     info "$name: no lock yet; installing $req and writing $lock"
-    net "pip install $name" "${pip[@]}" "$req"
+    "${pip[@]}" "$req" > "$log" 2>&1 || { tail -n 20 "$log" >&2; die "pip install $req failed (network or registry unreachable?)"; }
     "$venv/bin/pip" freeze --disable-pip-version-check --exclude-editable > "$lock.tmp" && mv "$lock.tmp" "$lock"
   fi
   grep -qiF "$req" "$lock" || die "$lock does not pin $req"
   ln -sfn "$PWD/$venv/bin/$cli" "$links/$cli"
-  local home=$PWD/.cache/harness-version-home out
+  local home=$PWD/.cache/harness-version-home-$name out
   rm -rf "$home" && mkdir -p "$home"
   out=$("${offline[@]}" env HOME="$home" LITELLM_LOCAL_MODEL_COST_MAP=True sh -c \
         '"$0" link set lo up && exec timeout 120 "$1" "$2"' "$ip" "$PWD/$links/$cli" "$check" 2>&1) \
@@ -84,9 +84,18 @@ install_one() {
   info "$name ($req): $links/$cli, installed in $((SECONDS - start)) s, $(du -sh "$venv" | cut -f1)"
 }
 
+# All at once (each in its own venv; pip mostly waits on the network), each one's lines printed when it ends.
 start=$SECONDS
+pids=() names=()
 for entry in "${HARNESSES[@]}"; do
   IFS='|' read -r name req cli check python <<< "$entry"
-  install_one "$name" "$req" "$cli" "$check" "$python"
+  install_one "$name" "$req" "$cli" "$check" "$python" > ".cache/install-$name.log" 2>&1 &
+  pids+=("$!") names+=("$name")
 done
+failed=()
+for i in "${!pids[@]}"; do
+  wait "${pids[$i]}" || failed+=("${names[$i]}")
+  cat ".cache/install-${names[$i]}.log"
+done
+[ ${#failed[@]} -eq 0 ] || die "python harnesses failed: ${failed[*]}"
 info "python harnesses ready in $((SECONDS - start)) s"
