@@ -53,7 +53,7 @@ def latency(proxy, engine: str, calls: int, concurrency: int) -> None:
     client = httpx.Client(timeout=120)
     # the prompt ids the proxy sends, recorded once, so the direct calls ask the engine for the same work
     client.post(proxy.base_url + "/v1/chat/completions", json=chat_body("warm up the bench"),
-                headers={"authorization": "Bearer ids"}).raise_for_status()
+                headers={"authorization": "Bearer k", "x-session-id": "ids"}).raise_for_status()
 
     ids = json.loads((proxy.capture_dir / "local" / "ids.jsonl").read_text().splitlines()[0])["prompt_ids"]
     direct_body = {"input_ids": ids, "return_logprob": True,
@@ -111,7 +111,7 @@ def cpu_per_turn(proxy, turns: int) -> None:
     cpu = []
     for turn in range(turns):
         before = proc_cpu_ms(proxy.pid)
-        r = client.post(proxy.base_url + "/v1/chat/completions", headers={"authorization": "Bearer grow"},
+        r = client.post(proxy.base_url + "/v1/chat/completions", headers={"authorization": "Bearer k", "x-session-id": "grow"},
                         json={"model": "tiny", "max_tokens": 16, "temperature": 0, "messages": messages})
         if r.status_code != 200:
             raise RuntimeError(f"turn {turn}: {r.status_code} {r.text[:300]}")
