@@ -3,6 +3,7 @@ before any upstream connection (DESIGN.md §2, §8)."""
 from __future__ import annotations
 
 import ipaddress
+import logging
 import re
 
 from mitmproxy import ctx, http
@@ -16,6 +17,7 @@ _LABEL = r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?"
 # A public DNS name: at least two labels, the last one alphabetic (so never an IP literal).
 _HOSTNAME = re.compile(rf"({_LABEL}\.)+[a-z]([a-z0-9-]{{0,61}}[a-z0-9])?")
 TLS_PORT = 443
+log = logging.getLogger(__name__)
 
 
 def parse_hosts(spec: str) -> frozenset[str]:
@@ -69,6 +71,7 @@ class Guard:
             return
         host, port = flow.request.host.lower(), flow.request.port
         if host not in self.hosts or port != TLS_PORT:
+            log.info("polar: refused CONNECT %s:%d", host, port)
             flow.response = http.Response.make(
                 403, f"polar: {host}:{port} is not an LLM provider this proxy serves (only port 443 of {len(self.hosts)} "
                      "known hosts)\n", {"content-type": "text/plain"},
@@ -83,6 +86,7 @@ class Guard:
         family = family_of(flow.request.pretty_host.lower(), headers, flow.request.path)
         api = family_api(family)
         if not is_base_url_mode(flow) and flow.request.pretty_host.lower() not in self.hosts:
+            log.info("polar: refused a request to %s (not a provider host)", flow.request.pretty_host)
             flow.response = error_response(api, 403, f"polar: {flow.request.pretty_host} is not served")
             return
         if headers.get("upgrade", "").lower() == "websocket":
@@ -91,6 +95,8 @@ class Guard:
             return
         route = match_route(flow.request.method, flow.request.path, family)
         if route is None:
+            log.info("polar: refused %s %s%s (not an LLM call)", flow.request.method, flow.request.pretty_host,
+                     flow.request.path.split("?")[0])
             flow.response = error_response(
                 api, 403, f"polar: {flow.request.method} {flow.request.path.split('?')[0]} is not served"
             )
