@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Iterator
 
 from polar.services import ServiceError
+from polar_mitm.launch import stop
 
 
 @contextmanager
@@ -34,10 +35,5 @@ def private_redis(log_dir: Path, start_timeout_s: float = 20.0) -> Iterator[str]
             time.sleep(0.05)
         yield f"unix://{sock}"
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)
         shutil.rmtree(tmp, ignore_errors=True)

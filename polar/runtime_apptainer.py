@@ -24,7 +24,7 @@ from typing import Mapping, Sequence
 
 from polar import bridge
 from polar.limits import DEFAULT_LIMITS, Limits
-from polar.runtime import PROJECT_ROOT, ExecResult, Mounts, SandboxError, bridged, run_group
+from polar.runtime import PROJECT_ROOT, ExecResult, Mounts, SandboxError, _copy, bridged, run_group
 
 APPTAINER_DIR = PROJECT_ROOT / ".tools" / "apptainer" / "usr" / "bin"
 NPM_DIR = PROJECT_ROOT / ".tools" / "npm"
@@ -115,14 +115,6 @@ def host_env(env: Mapping[str, str]) -> dict[str, str]:
     out = {k: v for k, v in os.environ.items() if not k.startswith(("APPTAINERENV_", "SINGULARITYENV_"))}
     out.update({f"APPTAINERENV_{k}": v for k, v in env.items()})
     return out
-
-
-def _copy(src: Path, dst: Path) -> None:
-    if src.is_dir():
-        shutil.copytree(src, dst, symlinks=True, dirs_exist_ok=True)
-    else:
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(src, dst)
 
 
 class _quiet_spython:

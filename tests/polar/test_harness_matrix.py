@@ -93,16 +93,23 @@ def test_matrix_covers_every_adapter():
 
 @pytest.mark.parametrize("via", WAYS_IN)
 @pytest.mark.parametrize("adapter", ADAPTERS)
-def test_shell_once(matrix, tokenizer, adapter: str, via: str) -> None:
-    run = matrix[(adapter, via)].result()
+def check_run(run, tokenizer, adapter: str, via: str) -> str:
+    """What every harness run must show: exit 0, polar.txt written and nothing else, no error records, each
+    prompt holding what the harness sent (an oracle apart from polar_mitm). Returns the diagnostic text."""
     out = run.result.out
     diag = f"{adapter} via {via}, run folder {out}:\n{(out / 'harness.stderr').read_text()[-1500:]}"
     assert run.result.exit_code == 0 and not run.result.timed_out, diag
     assert (out / "workspace" / "polar.txt").read_text() == "polar\n", diag
     assert run.result.summary.files_changed["added"] == ["polar.txt"], diag
     _check_errors(run)
-    for record in run.records:  # each prompt says what the harness sent (an oracle apart from polar_mitm)
+    for record in run.records:
         assert_prompt_faithful(record, tokenizer)
+    return diag
+
+
+def test_shell_once(matrix, tokenizer, adapter: str, via: str) -> None:
+    run = matrix[(adapter, via)].result()
+    diag = check_run(run, tokenizer, adapter, via)
     agent = _agent_calls(run)
     assert len(agent) >= 2, f"{diag}\nagent calls: {len(agent)}"
     _check_shell_call(run, agent)

@@ -25,9 +25,8 @@ from polar.runner import HARNESS_BIN, RunConfig
 from polar.services import start_proxy
 from polar_traj.messages import conversation_messages
 from tests.polar.test_harness_matrix import (
-    MatrixRun, _check_agent_trajectory, _check_errors, _check_tokens_exact, one_run,
+    MatrixRun, _check_agent_trajectory, _check_tokens_exact, check_run, one_run,
 )
-from tests.prompt_oracle import assert_prompt_faithful
 
 ROOT = Path(__file__).resolve().parents[2]
 INSTALLER = ROOT / "scripts" / "install_python_harnesses.sh"
@@ -113,14 +112,7 @@ def tokenizer(long_model):
 @pytest.mark.parametrize("adapter", ADAPTERS)
 def test_write_then_finish(matrix, tokenizer, adapter: str, via: str) -> None:
     run = matrix[(adapter, via)].result()
-    out = run.result.out
-    diag = f"{adapter} via {via}, run folder {out}:\n{(out / 'harness.stderr').read_text()[-1500:]}"
-    assert run.result.exit_code == 0 and not run.result.timed_out, diag
-    assert (out / "workspace" / "polar.txt").read_text() == "polar\n", diag
-    assert run.result.summary.files_changed["added"] == ["polar.txt"], diag
-    _check_errors(run)
-    for record in run.records:  # each prompt holds what the harness sent (an oracle apart from polar_mitm)
-        assert_prompt_faithful(record, tokenizer)
+    diag = check_run(run, tokenizer, adapter, via)
     agent = _agent_calls(run)
     calls, finish = EXPECT[adapter]
     assert len(agent) == calls, f"{diag}\nagent calls: {len(agent)}"
