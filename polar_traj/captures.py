@@ -17,7 +17,7 @@ from array import array
 from collections import OrderedDict, deque
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 import orjson
 

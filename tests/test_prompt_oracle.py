@@ -16,7 +16,6 @@ from typing import Any, Callable
 import pytest
 from transformers import AutoTokenizer
 
-from polar_mitm.conversation import Message
 from polar_mitm.prompt import ChatRenderer
 from polar_mitm.providers import codec
 from polar_traj.records import CallRecord

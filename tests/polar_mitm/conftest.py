@@ -14,7 +14,7 @@ import pytest
 from polar_mitm.sessions import hashed_id
 
 from polar_mitm import launch
-from polar_mitm.launch import free_port, stop  # noqa: F401  (free_port: tests import it from here)
+from polar_mitm.launch import free_port, stop  # noqa: F401  (tests import both from here)
 
 
 @dataclass
