@@ -135,9 +135,11 @@ def host_processes(*args: str) -> list[str]:
 
 def assert_contained(host: Host, out: str) -> None:
     tried = attempts(out)
-    for name in WRITES + READS + ("reach-host-port",):
+    for name in READS + ("reach-host-port",):
         assert tried[name][0] == "refused", f"{name}: {tried[name]}\n{out}"
-    assert "write-home-parent" in tried and "write-host-tmp" in tried
+    # A write may succeed inside the sandbox when its target is under the sandbox's private /tmp (a checkout
+    # under /tmp, the host's /tmp): what counts is that nothing appears on the host (host.written below).
+    assert all(name in tried for name in WRITES)
     assert "secret of" not in out and "# Polar" not in out
     assert host.written() == []
     assert host.accepted == []  # nothing reached the host's listener
