@@ -91,8 +91,6 @@ def test_matrix_covers_every_adapter():
     assert set(ADAPTERS) <= set(available())
 
 
-@pytest.mark.parametrize("via", WAYS_IN)
-@pytest.mark.parametrize("adapter", ADAPTERS)
 def check_run(run, tokenizer, adapter: str, via: str) -> str:
     """What every harness run must show: exit 0, polar.txt written and nothing else, no error records, each
     prompt holding what the harness sent (an oracle apart from polar_mitm). Returns the diagnostic text."""
@@ -107,6 +105,8 @@ def check_run(run, tokenizer, adapter: str, via: str) -> str:
     return diag
 
 
+@pytest.mark.parametrize("via", WAYS_IN)
+@pytest.mark.parametrize("adapter", ADAPTERS)
 def test_shell_once(matrix, tokenizer, adapter: str, via: str) -> None:
     run = matrix[(adapter, via)].result()
     diag = check_run(run, tokenizer, adapter, via)
