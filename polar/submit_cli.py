@@ -104,11 +104,17 @@ def summary(batch, p) -> str:
     return "\n".join(lines)
 
 
-def status(args: argparse.Namespace) -> int:
+def _find_batch(args: argparse.Namespace, command: str):
+    """The batch named on the command line, or None after one error line naming the command."""
     try:
-        batch = _client(args).batch(args.batch)
+        return _client(args).batch(args.batch)
     except (KeyError, ValueError, OSError) as e:
-        print(f"polar status: {e}", file=sys.stderr)
+        print(f"polar {command}: {e}", file=sys.stderr)
+        return None
+
+
+def status(args: argparse.Namespace) -> int:
+    if (batch := _find_batch(args, "status")) is None:
         return 2
     p = batch.progress()
     if args.json:
@@ -119,10 +125,7 @@ def status(args: argparse.Namespace) -> int:
 
 
 def cancel(args: argparse.Namespace) -> int:
-    try:
-        batch = _client(args).batch(args.batch)
-    except (KeyError, ValueError, OSError) as e:
-        print(f"polar cancel: {e}", file=sys.stderr)
+    if (batch := _find_batch(args, "cancel")) is None:
         return 2
     if not batch.cancel():
         print(f"polar cancel: batch {batch.batch_id} had already finished ({batch.progress().status})")
