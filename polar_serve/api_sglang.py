@@ -93,7 +93,7 @@ def render(seq: Sequence, req: GenerateRequest, rid: str, latency: float,
         "finish_reason": seq.finish.sglang(seq.params.max_new_tokens) if seq.finish else None,
         "prompt_tokens": len(seq.prompt_ids),
         "completion_tokens": len(out.ids),
-        "cached_tokens": 0,
+        "cached_tokens": seq.cached_tokens,
         "weight_version": seq.weight_version,
         "e2e_latency": round(latency, 6),
     }

@@ -118,9 +118,10 @@ class Renderer:
                 choice["prompt_token_ids"] = seq.prompt_ids
         return choice
 
-    def usage(self, seq: Sequence) -> dict[str, int]:
+    def usage(self, seq: Sequence) -> dict[str, Any]:
         n_prompt, n_out = len(seq.prompt_ids), len(seq.out.ids)
-        return {"prompt_tokens": n_prompt, "total_tokens": n_prompt + n_out, "completion_tokens": n_out}
+        return {"prompt_tokens": n_prompt, "total_tokens": n_prompt + n_out, "completion_tokens": n_out,
+                "prompt_tokens_details": {"cached_tokens": seq.cached_tokens}}  # as vLLM with prefix caching
 
     def response(self, seq: Sequence) -> dict[str, Any]:
         choice = self._choice(seq, 0, 0, seq.text(), True)

@@ -10,6 +10,7 @@ from pathlib import Path
 from polar_serve.policy import Policy, load_policy  # light: PyYAML only
 
 DEFAULT_PORT = 30000
+DEFAULT_PREFIX_CACHE_MB = 512  # polar_serve.engine's default too (not imported here: the CLI must stay light)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -22,7 +23,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default: %(default)s)")
     p.add_argument("--incremental-streaming-output", action="store_true",
                    help="SGLang streaming chunks carry only new tokens (default: cumulative, as SGLang)")
+    p.add_argument("--prefix-cache-mb", type=_non_negative, default=DEFAULT_PREFIX_CACHE_MB,
+                   help="memory for the prefix cache of KV states (least recently used entries are dropped); "
+                        "0 turns it off (default: %(default)s)")
+    p.add_argument("--step-delay-ms", type=_non_negative, default=0.0,
+                   help="for benchmarks and load-balancing tests: pause this long after every produced token, "
+                        "to make the server slow on purpose; other requests keep running (default: 0)")
     p.set_defaults(func=run)
+
+
+def _non_negative(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
+    return value
 
 
 async def _serve(args: argparse.Namespace, policy: Policy | None) -> None:
@@ -33,9 +50,10 @@ async def _serve(args: argparse.Namespace, policy: Policy | None) -> None:
     from polar_serve.server import ReferenceServer, ServerOptions
 
     torch.set_num_threads(max(1, args.threads))
-    engine = Engine(args.model)
+    engine = Engine(args.model, prefix_cache_mb=args.prefix_cache_mb)
     options = ServerOptions(served_model_name=args.served_model_name or args.model.resolve().name,
-                            incremental_streaming_output=args.incremental_streaming_output)
+                            incremental_streaming_output=args.incremental_streaming_output,
+                            step_delay_s=args.step_delay_ms / 1000)
     runner = web.AppRunner(ReferenceServer(engine, policy, options).app(), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, args.host, args.port)

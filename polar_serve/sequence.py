@@ -42,10 +42,12 @@ class Sequence:
         self.weight_version = engine.weight_version  # set again at start(): weights may change while queued
         self.policy_rule: str | None = None  # the scripted-policy rule that produced forced_ids
         self.out = Output()
+        self.cached_tokens = 0  # prompt tokens served from the prefix cache
         self.finish: Finish | None = None
         self._stop_at: int | None = None  # char index where the matched stop string starts
         self._logits: torch.Tensor | None = None
         self._cache: Any = None
+        self._model: Any = None  # the model the KV cache was computed with
         self._forced_rows: torch.Tensor | None = None
         self._generator = make_generator(params.seed)
 
@@ -54,13 +56,13 @@ class Sequence:
         return self.finish is not None
 
     def start(self) -> None:
-        self.weight_version = self.engine.weight_version
+        self.weight_version, self._model = self.engine.weight_version, self.engine.model
         if self.params.max_new_tokens == 0:
             self.finish = Finish("length")
         elif self.forced_ids is not None:
-            self._forced_rows = self.engine.score(self.prompt_ids, self.forced_ids)
+            self._forced_rows, self._cache, self.cached_tokens = self.engine.score(self.prompt_ids, self.forced_ids)
         else:
-            self._logits, self._cache = self.engine.prefill(self.prompt_ids)
+            self._logits, self._cache, self.cached_tokens = self.engine.prefill(self.prompt_ids)
 
     def step(self) -> None:
         """Produce one token (and, unless that ends the sequence, run the model on it)."""
@@ -77,7 +79,17 @@ class Sequence:
         if self.finish is None and self._forced_rows is None:
             self._logits, self._cache = self.engine.decode_step(token, self._cache)
         if self.finish is not None:
-            self._logits = self._cache = self._forced_rows = None  # free the KV cache now
+            self._release()
+
+    def _release(self) -> None:
+        """Hand the KV cache to the prefix cache (unless the weights changed since start) and drop it here."""
+        if self._cache is not None and self._model is self.engine.model:
+            if self.forced_ids is not None:  # scored in one pass: all of prompt + forced ids
+                ids = self.prompt_ids + self.forced_ids
+                self.engine.remember(ids, self._cache, len(ids))
+            else:  # the output tokens went through decode steps
+                self.engine.remember(self.prompt_ids + self.out.ids, self._cache, len(self.prompt_ids))
+        self._logits = self._cache = self._forced_rows = None
 
     def _record(self, token: int, logprobs: torch.Tensor) -> None:
         self.out.ids.append(token)

@@ -33,6 +33,7 @@ SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 class ServerOptions:
     served_model_name: str
     incremental_streaming_output: bool = False  # SGLang's flag: stream deltas instead of cumulative chunks
+    step_delay_s: float = 0.0  # a scripted pause after every produced token (benchmarks, load-balancing tests)
 
 
 class Worker:
@@ -177,6 +178,8 @@ class ReferenceServer:
                 await self.worker.run(seq.step)
                 if on_step is not None:
                     await on_step(seq)
+                if self.options.step_delay_s > 0:  # on the event loop: other requests run meanwhile
+                    await asyncio.sleep(self.options.step_delay_s)
 
     async def stream(self, request: web.Request, seq: Sequence, chunk: Callable[[Sequence], list[Any]]
                      ) -> web.StreamResponse:
@@ -283,4 +286,7 @@ class ReferenceServer:
         return web.json_response({"success": True, "paused": False})
 
     async def flush_cache(self, request: web.Request) -> web.Response:
-        return web.json_response({"success": True, "message": "no prefix cache to flush"})
+        flushed = await self.worker.run(self.engine.flush_prefix_cache, "POST /flush_cache")
+        return web.json_response({
+            "success": True, "flushed_entries": flushed.entries, "flushed_tokens": flushed.tokens,
+            "message": f"flushed the prefix cache: {flushed.entries} entries, {flushed.tokens} tokens"})
