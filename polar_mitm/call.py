@@ -32,6 +32,7 @@ class Call:
     engine_request: tuple[str, dict[str, Any]] | None = None  # (path, body) for the engine's token API
     flags: list[str] = field(default_factory=list)  # e.g. "template_dropped_tools", "truncated"
     recorded: bool = False
+    engine: str | None = None  # the replica's URL (polar_mitm/engines.py)
 
 
 def new_call_id() -> str:
@@ -84,5 +85,5 @@ def make_record(call: Call, response: dict[str, Any] | None, error: str | None =
         output_ids=tuple(out.output_ids), output_logprobs=tuple(out.logprobs),
         finish_reason=out.finish_reason, prefix_source=call.prompt.source if call.prompt else "rendered:none",
         parent_call_id=call.prompt.parent_call_id if call.prompt else None,
-        request=call.request_body, response=response, error=error, flags=flags,
+        request=call.request_body, response=response, error=error, flags=flags, engine=call.engine,
     )

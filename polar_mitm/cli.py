@@ -12,7 +12,10 @@ from polar_mitm.harness_env import harness_env, write_ca_bundle
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("proxy", help="run the recording proxy (mitmproxy + Polar addon)")
     p.add_argument("--tokenizer", default="fixtures/tiny-qwen2", help="model dir with tokenizer and chat template")
-    p.add_argument("--backend", default="http://127.0.0.1:30000", help="inference server URL")
+    p.add_argument("--backend", default="http://127.0.0.1:30000",
+                   help="inference server URL; several replicas comma-separated (each session sticks to one)")
+    p.add_argument("--placement", default="least_loaded", choices=["least_loaded", "round_robin"],
+                   help="where a new session goes when there are several replicas (default: %(default)s)")
     p.add_argument("--engine", default="sglang", choices=["sglang", "vllm"])
     p.add_argument("--capture-dir", default="captures")
     p.add_argument("--sessions", default="open", help="'open' or a redis:// URL with registered sessions")
@@ -27,8 +30,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def proxy_modes(host: str, proxy_port: int, base_url_port: int, backend: str) -> list[str]:
-    # The reverse target is the engine itself: a flow the addon did not rewrite can only reach it.
-    return [f"regular@{host}:{proxy_port}", f"reverse:{backend}@{host}:{base_url_port}"]
+    # mitmproxy needs a reverse target; Polar never forwards to it (polar_mitm/egress.py). The first engine.
+    return [f"regular@{host}:{proxy_port}", f"reverse:{backend.split(',')[0].strip()}@{host}:{base_url_port}"]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -49,11 +52,12 @@ async def _serve(args: argparse.Namespace, confdir: Path) -> int:
 
     opts = Options(confdir=str(confdir))
     master = DumpMaster(opts, with_termlog=True, with_dumper=False)
-    master.addons.add(*addons, _Announce(args, confdir))
+    master.addons.add(*addons, _Announce(args, confdir, addons[0].router))
     opts.update(
         connection_strategy="lazy",
         mode=proxy_modes(args.host, args.proxy_port, args.base_url_port, args.backend),
-        polar_backend=args.backend, polar_engine=args.engine, polar_tokenizer=args.tokenizer,
+        polar_backend=args.backend, polar_engine=args.engine, polar_engine_placement=args.placement,
+        polar_tokenizer=args.tokenizer,
         polar_capture_dir=args.capture_dir, polar_sessions=args.sessions, polar_hosts=args.hosts,
         polar_tool_parser=args.tool_parser, polar_reasoning_parser=args.reasoning_parser,
     )
@@ -64,15 +68,18 @@ async def _serve(args: argparse.Namespace, confdir: Path) -> int:
 class _Announce:
     """Prints where to point a harness once the listeners are up (the CA exists by then)."""
 
-    def __init__(self, args: argparse.Namespace, confdir: Path) -> None:
-        self.args, self.confdir = args, confdir
+    def __init__(self, args: argparse.Namespace, confdir: Path, router) -> None:
+        self.args, self.confdir, self.router = args, confdir, router
 
     def running(self) -> None:
         ca = self.confdir / "mitmproxy-ca-cert.pem"
         bundle = write_ca_bundle(ca, self.confdir / "polar-ca-bundle.pem")
         env = harness_env(self.args.host, self.args.proxy_port, self.args.base_url_port, ca, bundle)
         print(f"polar proxy: HTTPS_PROXY listener {self.args.host}:{self.args.proxy_port}, "
-              f"base-URL listener {self.args.host}:{self.args.base_url_port}, engine {self.args.backend}")
+              f"base-URL listener {self.args.host}:{self.args.base_url_port}")
+        for replica in self.router.engines.pool.replicas:
+            state = "up" if replica.up else f"down ({replica.why_down})"
+            print(f"polar proxy: engine {replica.url} {state}")
         print(f"polar proxy: CA certificate {ca}")
         print("polar proxy: environment for a harness (replace SESSION and TOKEN):")
         for key, value in env.items():

@@ -18,13 +18,22 @@ class Timeouts:
     first_byte_s: float = 120.0  # streams: until the first byte, and between two chunks
 
 
-def engine_unreachable(url: str, e: BaseException) -> ProviderError:
-    return ProviderError(503, f"polar: the inference engine at {url} is unreachable ({type(e).__name__}: {e})",
-                         "overloaded_error")
+class EngineFailure(ProviderError):
+    """The engine did not answer (refused, went away, or too slow): its replica is marked down. `retry`:
+    nothing of the call has reached the harness, so it may go to another replica."""
+
+    def __init__(self, status: int, message: str, kind: str, retry: bool) -> None:
+        super().__init__(status, message, kind)
+        self.retry = retry
 
 
-def engine_timeout(seconds: float, what: str = "") -> ProviderError:
-    return ProviderError(504, f"polar: engine timeout after {seconds:g} s{what}", "timeout_error")
+def engine_unreachable(url: str, e: BaseException) -> EngineFailure:
+    return EngineFailure(503, f"polar: the inference engine at {url} is unreachable ({type(e).__name__}: {e})",
+                         "overloaded_error", retry=True)
+
+
+def engine_timeout(seconds: float, what: str = "") -> EngineFailure:
+    return EngineFailure(504, f"polar: engine timeout after {seconds:g} s{what}", "timeout_error", retry=False)
 
 
 class EngineClient:
@@ -32,13 +41,17 @@ class EngineClient:
         self.base_url, self.timeouts = base_url.rstrip("/"), timeouts
         self._session: aiohttp.ClientSession | None = None
 
-    def _http(self) -> aiohttp.ClientSession:
+    def http(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30),
                 json_serialize=json.dumps, skip_auto_headers=("User-Agent",), trust_env=False,
             )
         return self._session
+
+    @property
+    def opened(self) -> bool:
+        return self._session is not None and not self._session.closed
 
     async def close(self) -> None:
         if self._session is not None:
@@ -48,7 +61,7 @@ class EngineClient:
         """(status, body) of a non-streamed call; ProviderError 503/504 when the engine is down or too slow."""
         timeout = aiohttp.ClientTimeout(total=self.timeouts.total_s, sock_connect=10)
         try:
-            async with self._http().post(self.base_url + path, data=json.dumps(body).encode(),
+            async with self.http().post(self.base_url + path, data=json.dumps(body).encode(),
                                          headers={"content-type": "application/json"}, timeout=timeout) as r:
                 return r.status, await r.read()
         except asyncio.TimeoutError as e:
@@ -61,7 +74,7 @@ class EngineClient:
         timeout = aiohttp.ClientTimeout(total=self.timeouts.total_s, sock_connect=10,
                                         sock_read=self.timeouts.first_byte_s)
         try:
-            return await self._http().post(self.base_url + path, data=json.dumps(body).encode(),
+            return await self.http().post(self.base_url + path, data=json.dumps(body).encode(),
                                            headers={"content-type": "application/json"}, timeout=timeout)
         except asyncio.TimeoutError as e:
             raise engine_timeout(self.timeouts.first_byte_s, " waiting for the first byte") from e
@@ -77,4 +90,5 @@ async def chunks(response: aiohttp.ClientResponse, timeouts: Timeouts) -> AsyncI
     except asyncio.TimeoutError as e:
         raise engine_timeout(timeouts.first_byte_s, " between two chunks of the stream") from e
     except aiohttp.ClientError as e:
-        raise ProviderError(502, f"polar: the engine stream broke off ({type(e).__name__}: {e})", "api_error") from e
+        raise EngineFailure(502, f"polar: the engine stream broke off ({type(e).__name__}: {e})", "api_error",
+                            retry=False) from e

@@ -83,7 +83,7 @@ def start_proxy(workdir: Path, backend: str, model_dir: Path, *extra: str, hosts
     confdir, capture, log = workdir / "mitm", workdir / "captures", workdir / "mitmdump.log"
     cmd = [
         str(Path(sys.executable).parent / "mitmdump"), *(["-q"] if quiet else ["--set", "flow_detail=0"]), "-s", str(ADDON),
-        "--mode", f"regular@127.0.0.1:{p1}", "--mode", f"reverse:{reverse_target or backend}@127.0.0.1:{p2}",
+        "--mode", f"regular@127.0.0.1:{p1}", "--mode", f"reverse:{reverse_target or backend.split(',')[0]}@127.0.0.1:{p2}",
         "--set", f"confdir={confdir}", "--set", "connection_strategy=lazy",
         "--set", f"polar_backend={backend}", "--set", f"polar_tokenizer={model_dir}",
         "--set", f"polar_capture_dir={capture}", *extra,

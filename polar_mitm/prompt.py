@@ -146,13 +146,22 @@ class SessionHistory:
     def __init__(self, evicted: bool = False) -> None:
         self._calls: dict[bytes, CallTokens] = {}
         self.evicted = evicted  # an earlier history of this session was dropped to bound memory
+        self.engine: str | None = None  # the replica the session is placed on (polar_mitm/engines.py)
+        self.moved = False
+
+    def move_to(self, url: str) -> None:
+        """The session goes to another replica: its chain restarts there, from a prompt rendered in full, so
+        no merged trajectory spans two replicas (which may serve different weight versions)."""
+        self._calls.clear()
+        self.engine, self.moved = url, True
 
     def remember(self, prompt: Prompt, reply: Message, call: CallTokens) -> None:
         self._calls[_chain(prompt.hashes[-1], message_key(reply))] = call
 
     def build_prompt(self, conv: Conversation, renderer: ChatRenderer) -> Prompt:
         hashes = conversation_hashes(conv)
-        why = ("evicted" if self.evicted else "first_call") if not self._calls else "no_matching_call"
+        first = "engine_moved" if self.moved else "evicted" if self.evicted else "first_call"
+        why = first if not self._calls else "no_matching_call"
         # Longest replayed prefix that ends with one of our replies, leaving new messages after it.
         for k in range(len(conv.messages) - 1, 0, -1):
             parent = self._calls.get(hashes[k])

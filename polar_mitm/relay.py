@@ -11,13 +11,15 @@ import logging
 import secrets
 from typing import TYPE_CHECKING
 
+import aiohttp
 from aiohttp import web
 from mitmproxy import http
 
 from polar_mitm.call import Call
 from polar_mitm.capture import CaptureError
 from polar_mitm.conversation import ProviderError
-from polar_mitm.engine_client import chunks
+from polar_mitm.engine_client import EngineFailure, chunks
+from polar_mitm.engines import Replica
 from polar_mitm.streaming import StreamTranslator
 
 if TYPE_CHECKING:
@@ -84,48 +86,62 @@ class StreamRelay:
         answer = self.router.fail(call, e)  # records the call unless it already was
         return web.Response(status=answer.status_code, body=answer.content, content_type="application/json")
 
-    async def _serve(self, call: Call, request: web.Request) -> web.StreamResponse:
+    async def _open(self, call: Call) -> tuple[Replica, aiohttp.ClientResponse]:
+        """The engine stream of the call's replica; when a replica fails before answering (nothing has reached
+        the harness yet), the call moves to another one. Raises ProviderError when no replica answers."""
         router = self.router
+        replica, tried = router.engines.pool.get(call.engine), set()
+        while True:
+            try:
+                return replica, await replica.client.open_stream(*call.engine_request)
+            except EngineFailure as e:
+                replica = await router.fail_over(call, replica, e, tried)
+
+    async def _serve(self, call: Call, request: web.Request) -> web.StreamResponse:
         try:
-            upstream = await router.client.open_stream(*call.engine_request)
+            replica, upstream = await self._open(call)
         except ProviderError as e:
             return self._error(call, e)
-        async with upstream:
-            if upstream.status != 200:
-                raw = await upstream.read()
-                from polar_mitm.router import engine_message
+        replica.inflight += 1
+        try:
+            async with upstream:
+                if upstream.status != 200:
+                    return self._error(call, await engine_refusal(upstream))
+                response = await self._relay(call, replica, upstream, request)
+        finally:
+            replica.inflight -= 1
+        replica.served += 1
+        return response
 
-                try:
-                    data = json.loads(raw or b"{}")
-                except ValueError:
-                    data = {"error": {"message": raw[:500].decode(errors="replace")}}
-                return self._error(call, ProviderError(400 if upstream.status == 400 else 502,
-                                                       f"inference engine answered {upstream.status}: "
-                                                       f"{engine_message(data)}", "api_error"))
-            translator = StreamTranslator(router.engine, call, router.model, router.finish)
-            response = web.StreamResponse(status=200, headers=SSE_HEADERS)
-            await response.prepare(request)
+    async def _relay(self, call: Call, replica: Replica, upstream: aiohttp.ClientResponse,
+                     request: web.Request) -> web.StreamResponse:
+        router = self.router
+        translator = StreamTranslator(router.engine, call, router.model, router.finish)
+        response = web.StreamResponse(status=200, headers=SSE_HEADERS)
+        await response.prepare(request)
+        try:
+            await response.write(translator.start())
             try:
-                await response.write(translator.start())
-                try:
-                    async for chunk in chunks(upstream, router.client.timeouts):
-                        out = translator.feed(chunk)
-                        if out:
-                            await response.write(out)
-                except ProviderError as e:  # the engine stalled or broke off
-                    translator.error = e.message.removeprefix("polar: ")
-                except (ConnectionResetError, asyncio.CancelledError):
-                    raise
-                except Exception as e:  # a translation bug: end the stream with the error, record it
-                    log.exception("polar: call %s: translating the stream failed", call.call_id)
-                    translator.error = f"internal error in the stream translator ({type(e).__name__})"
-                await response.write(translator.end())
-                await response.write_eof()
-            except ConnectionResetError:
-                self._client_gone(call)
-            except asyncio.CancelledError:
-                self._client_gone(call)
+                async for chunk in chunks(upstream, replica.client.timeouts):
+                    out = translator.feed(chunk)
+                    if out:
+                        await response.write(out)
+            except ProviderError as e:  # the engine stalled or broke off: the stream had started, no retry
+                translator.error = e.message.removeprefix("polar: ")
+                if isinstance(e, EngineFailure):
+                    router.engines.pool.mark_down(replica, translator.error)
+            except (ConnectionResetError, asyncio.CancelledError):
                 raise
+            except Exception as e:  # a translation bug: end the stream with the error, record it
+                log.exception("polar: call %s: translating the stream failed", call.call_id)
+                translator.error = f"internal error in the stream translator ({type(e).__name__})"
+            await response.write(translator.end())
+            await response.write_eof()
+        except ConnectionResetError:
+            self._client_gone(call)
+        except asyncio.CancelledError:
+            self._client_gone(call)
+            raise
         return response
 
     def _client_gone(self, call: Call) -> None:
@@ -136,3 +152,16 @@ class StreamRelay:
             self.router.finish(call, None, None, "client disconnected")
         except CaptureError:
             pass  # logged by Capture; nobody is listening any more
+
+
+async def engine_refusal(upstream: aiohttp.ClientResponse) -> ProviderError:
+    """The provider's error for an engine that answered the stream request with an error status."""
+    from polar_mitm.router import engine_message
+
+    raw = await upstream.read()
+    try:
+        data = json.loads(raw or b"{}")
+    except ValueError:
+        data = {"error": {"message": raw[:500].decode(errors="replace")}}
+    return ProviderError(400 if upstream.status == 400 else 502,
+                         f"inference engine answered {upstream.status}: {engine_message(data)}", "api_error")

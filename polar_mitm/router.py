@@ -11,7 +11,6 @@ import logging
 import re
 import time
 from typing import Any
-from urllib.parse import urlsplit
 
 from mitmproxy import ctx, http
 from mitmproxy.exceptions import OptionsError
@@ -20,7 +19,8 @@ from polar_mitm import call as calls
 from polar_mitm.capture import Capture, CaptureError
 from polar_mitm.conversation import Conversation, ProviderError
 from polar_mitm.engine import EngineError, apply_chunk, engine_request, parse_engine
-from polar_mitm.engine_client import EngineClient, Timeouts
+from polar_mitm.engine_client import EngineFailure, Timeouts
+from polar_mitm.engines import Engines, Replica, parse_backends, parse_placement
 from polar_mitm.fence import Fence
 from polar_mitm.model import Model, load_model
 from polar_mitm.prompt import SessionHistory
@@ -34,13 +34,6 @@ log = logging.getLogger(__name__)
 # A JSON escape of a UTF-16 surrogate: only then can the parsed body hold text the tokenizer cannot take.
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def parse_backend(spec: str) -> str:
-    parts = urlsplit(spec)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"expected http://host:port, got {spec!r}")
-    return spec.rstrip("/")
 
 
 def parse_positive(value: int) -> int:
@@ -65,13 +58,19 @@ class Router:
         self.capture, self.fence = capture, fence
         self.engine = "sglang"
         self.model: Model | None = None
-        self.client = EngineClient("http://127.0.0.1:30000", Timeouts())
+        self.engines = Engines()
         self.relay = StreamRelay(self)
         self.histories: SessionCache[tuple[str, str], SessionHistory] = SessionCache(SessionHistory)
         self._warned: set[tuple[str, str]] = set()
 
     def load(self, loader) -> None:
-        loader.add_option("polar_backend", str, "http://127.0.0.1:30000", "Inference server base URL.")
+        loader.add_option("polar_backend", str, "http://127.0.0.1:30000",
+                          "Inference server base URL; several replicas comma-separated (sessions stick to one).")
+        loader.add_option("polar_engine_placement", str, "least_loaded",
+                          "Where a new session goes: least_loaded (fewest calls in flight) or round_robin.")
+        loader.add_option("polar_engine_probe_interval", int, 5, "Seconds between health probes of each engine.")
+        loader.add_option("polar_engine_status_interval", int, 60,
+                          "Seconds between log lines of per-engine calls in flight and sessions; 0 = off.")
         loader.add_option("polar_engine", str, "sglang", "Token API of the backend: sglang (/generate) or vllm.")
         loader.add_option("polar_engine_model", str, "", "Model name sent to a vLLM backend (if it needs one).")
         loader.add_option("polar_tokenizer", str, "", "Model directory (tokenizer + chat template), required.")
@@ -88,6 +87,7 @@ class Router:
     def configure(self, updated) -> None:
         opts = ctx.options
         for name in ("polar_backend", "polar_engine", "polar_engine_timeout", "polar_engine_first_byte_timeout",
+                     "polar_engine_placement", "polar_engine_probe_interval", "polar_engine_status_interval",
                      "polar_session_ttl", "polar_max_sessions", "polar_max_tokens"):
             if name in updated:
                 try:
@@ -106,9 +106,14 @@ class Router:
         opts = ctx.options
         if name == "polar_engine":
             self.engine = parse_engine(value)
-        elif name in ("polar_backend", "polar_engine_timeout", "polar_engine_first_byte_timeout"):
+        elif name in ("polar_backend", "polar_engine_timeout", "polar_engine_first_byte_timeout",
+                      "polar_engine_placement"):
             timeouts = Timeouts(parse_positive(opts.polar_engine_timeout), parse_positive(opts.polar_engine_first_byte_timeout))
-            self.client = EngineClient(parse_backend(opts.polar_backend), timeouts)
+            self.engines.configure(parse_backends(opts.polar_backend), timeouts,
+                                   parse_placement(opts.polar_engine_placement))
+        elif name == "polar_engine_status_interval":
+            if value < 0:
+                raise ValueError(f"expected 0 (off) or a number of seconds, got {value}")
         elif name in ("polar_session_ttl", "polar_max_sessions"):
             self.histories.ttl_s, self.histories.max_entries = parse_positive(opts.polar_session_ttl), parse_positive(
                 opts.polar_max_sessions)
@@ -119,13 +124,23 @@ class Router:
         if self.model is None:
             raise OptionsError("polar_tokenizer: set it to the model directory (tokenizer + chat template)")
         await self.relay.start()
-        sessions = ctx.options.polar_sessions
-        if sessions.startswith(("redis://", "unix://")):
-            watch_ended(sessions, lambda task_id, session_id: self.histories.drop((task_id, session_id)))
+        opts = ctx.options
+        redis_url = opts.polar_sessions if opts.polar_sessions.startswith(("redis://", "unix://")) else None
+        if redis_url:
+            watch_ended(redis_url, lambda task_id, session_id: self.histories.drop((task_id, session_id)))
+        await self.engines.start(redis_url, opts.polar_session_ttl, opts.polar_engine_probe_interval,
+                                 opts.polar_engine_status_interval, self._sessions_per_engine)
 
     async def done(self) -> None:
         await self.relay.stop()
-        await self.client.close()
+        await self.engines.stop()
+
+    def _sessions_per_engine(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for history in self.histories.values():
+            if history.engine:
+                counts[history.engine] = counts.get(history.engine, 0) + 1
+        return counts
 
     # -- request: parse, tokenize, then answer (non-streamed) or hand to the relay (streamed) ----------------
     async def request(self, flow: http.HTTPFlow) -> None:
@@ -145,6 +160,7 @@ class Router:
                 flow.response = self._side_answer(route, call.conv)
                 return
             await self.fence.hold(flow.id)
+            await self.place(call)
             self._build(call)
             if call.conv.stream:
                 self.relay.route(flow, call)
@@ -182,6 +198,26 @@ class Router:
             return json_response(200, codec.render_models([route.model])["data"][0])
         return json_response(200, codec.render_models(self.model.served_names))
 
+    async def place(self, call: calls.Call, tried: frozenset[str] = frozenset()) -> Replica:
+        key = (call.session.task_id, call.session.session_id)
+        replica = await self.engines.place(key, self.histories.get(key), tried)
+        call.engine = replica.url
+        return replica
+
+    async def fail_over(self, call: calls.Call, replica: Replica, e: EngineFailure, tried: set[str]) -> Replica:
+        """`replica` failed the call: mark it down, and when nothing of the call has reached the harness yet,
+        move the session to another replica and rebuild the prompt there (rendered in full). Raises `e` when
+        the call cannot be retried or every replica has been tried."""
+        self.engines.pool.mark_down(replica, e.message.removeprefix("polar: "))
+        tried.add(replica.url)
+        if not e.retry or len(tried) >= len(self.engines.pool.replicas):
+            raise e
+        moved = await self.place(call, frozenset(tried))
+        log.warning("polar: call %s: %s failed before generating; retried on %s", call.call_id, replica.url, moved.url)
+        call.flags.clear()
+        self._build(call)
+        return moved
+
     def _build(self, call: calls.Call) -> None:
         """Prompt ids (with history substitution) and the engine request."""
         model = self.model
@@ -205,7 +241,18 @@ class Router:
 
     async def _complete_call(self, call: calls.Call) -> http.Response:
         """The provider's reply to a non-streamed call, recorded before it is returned."""
-        status, raw = await self.client.complete(*call.engine_request)
+        replica, tried = self.engines.pool.get(call.engine), set()
+        while True:
+            replica.inflight += 1
+            try:
+                status, raw = await replica.client.complete(*call.engine_request)
+                break
+            except EngineFailure as e:
+                failure = e
+            finally:
+                replica.inflight -= 1
+            replica = await self.fail_over(call, replica, failure, tried)
+        replica.served += 1
         try:
             data = json.loads(raw or b"{}")
         except (json.JSONDecodeError, ValueError):
@@ -231,7 +278,7 @@ class Router:
         self._record(call, calls.make_record(call, body, error=error, flags=flags))
         if error is None:
             history = self.histories.peek((call.session.task_id, call.session.session_id))
-            if history is not None:
+            if history is not None and history.engine == call.engine:  # not a session that moved meanwhile
                 history.remember(call.prompt, calls.reply_message(completion), calls.call_tokens(call, self.model.stop_ids))
 
     def fail(self, call: calls.Call, e: ProviderError) -> http.Response:

@@ -41,6 +41,9 @@ class SessionCache(Generic[K, V]):
         hit = self._items.get(key)
         return hit[1] if hit else None
 
+    def values(self) -> list[V]:
+        return [value for _, value in self._items.values()]
+
     def drop(self, key: K) -> None:
         """An ended session: free it, and never label a reuse of the key as evicted."""
         self._items.pop(key, None)

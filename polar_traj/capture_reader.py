@@ -11,10 +11,10 @@ from typing import Any, Iterator
 
 
 from .captures import CAPTURE_VERSION, loads_line
-from .records import CallRecord
+from .records import OPTIONAL_FIELDS, CallRecord
 
 _FIELDS = tuple(f.name for f in fields(CallRecord))
-_REQUIRED = frozenset(_FIELDS) - {"error", "flags"}
+_REQUIRED = frozenset(_FIELDS) - OPTIONAL_FIELDS
 _PROMPT_KEY = b'"prompt_ids":'
 _LINEAR = b'{"capture_version"'
 _INT_TEXT = b"0123456789-, \t\r\n"  # what a JSON array of integers holds between its brackets

@@ -27,8 +27,6 @@ CAPTURE_VERSION = 2
 MIN_PREFIX = 32  # shorter shared prefixes are stored in full
 RECENT = 4  # records per session a writer compares a new record against
 _FIELDS = tuple(f.name for f in fields(CallRecord))
-_OPTIONAL = frozenset({"error", "flags"})
-_REQUIRED = frozenset(_FIELDS) - _OPTIONAL
 
 
 def dumps_line(obj: dict[str, Any]) -> bytes:

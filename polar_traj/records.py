@@ -21,6 +21,9 @@ def check_id(value: str, field: str = "id") -> str:
     return value
 
 
+OPTIONAL_FIELDS = frozenset({"error", "flags", "engine"})  # older records may lack them
+
+
 @dataclass(frozen=True)
 class CallRecord:
     call_id: str
@@ -43,6 +46,7 @@ class CallRecord:
     response: dict[str, Any] | None
     error: str | None = None
     flags: tuple[str, ...] = field(default=())  # e.g. "unparsed_tool_call"
+    engine: str | None = None  # URL of the engine replica that served the call (null: not sent to one)
 
     def __post_init__(self) -> None:
         if self.api not in APIS:
@@ -66,7 +70,7 @@ class CallRecord:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "CallRecord":
         names = {f.name for f in fields(cls)}
-        missing = names - set(data) - {"error", "flags"}
+        missing = names - set(data) - OPTIONAL_FIELDS
         if missing:
             raise ValueError(f"record {data.get('call_id', '?')}: missing fields {sorted(missing)}")
         kwargs = {k: v for k, v in data.items() if k in names}

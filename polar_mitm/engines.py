@@ -1,0 +1,257 @@
+"""Many inference engines: session-affine placement across replicas, health probes and failover.
+
+A session's next prompt extends its previous one, so keeping the session on one replica turns its history into
+a prefix-cache hit there. Each new session goes to the least-loaded replica that is up (fewest calls in flight
+from this proxy, then fewest sessions placed) and stays there. A replica that stops answering (connection
+refused, the engine timeout, failed health probes) is marked down; its sessions move on their next call, and a
+replica that answers its probe again takes new sessions. With sessions in Redis the placement is shared, so
+every proxy sends a session to the same replica (`polar:engine:<task_id>/<session_id>`).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Callable, Protocol
+from urllib.parse import urlsplit
+
+import aiohttp
+
+from polar_mitm.conversation import ProviderError
+from polar_mitm.engine_client import EngineClient, Timeouts
+
+log = logging.getLogger(__name__)
+PLACEMENTS = ("least_loaded", "round_robin")
+PLACEMENT_PREFIX = "polar:engine:"
+PROBE_TIMEOUT_S = 5.0
+PROBE_MISSES = 2  # a probe that times out or answers non-200 this many times in a row marks the replica down
+
+
+def parse_backend(spec: str) -> str:
+    parts = urlsplit(spec)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"expected http://host:port, got {spec!r}")
+    return spec.rstrip("/")
+
+
+def parse_backends(spec: str) -> tuple[str, ...]:
+    """Engine URLs from `http://a:30000,http://b:30000` (one or more, no repeats)."""
+    urls = tuple(parse_backend(part.strip()) for part in spec.split(",") if part.strip())
+    if not urls:
+        raise ValueError("give at least one engine URL (http://host:port, comma-separated for several)")
+    if len(set(urls)) != len(urls):
+        raise ValueError(f"an engine URL is listed twice in {spec!r}")
+    return urls
+
+
+def parse_placement(spec: str) -> str:
+    if spec not in PLACEMENTS:
+        raise ValueError(f"expected one of {PLACEMENTS}, got {spec!r}")
+    return spec
+
+
+@dataclass
+class Replica:
+    url: str
+    client: EngineClient
+    up: bool = True
+    why_down: str = ""
+    inflight: int = 0  # calls of this proxy being generated there now
+    placed: int = 0  # sessions placed there by this proxy
+    served: int = 0  # calls answered there
+    misses: int = 0  # consecutive failed probes
+
+
+class EnginePool:
+    def __init__(self, urls: tuple[str, ...], timeouts: Timeouts, placement: str = "least_loaded") -> None:
+        self.replicas = [Replica(url, EngineClient(url, timeouts)) for url in urls]
+        self.placement = placement
+        self._turn = 0
+
+    def get(self, url: str | None) -> Replica | None:
+        return next((r for r in self.replicas if r.url == url), None)
+
+    def choose(self, exclude: frozenset[str] = frozenset()) -> Replica:
+        """The replica for a new (or moving) session. When none is known to be up, one not yet tried is used
+        anyway (a probe may be stale), so a single engine behaves as before; ProviderError when none is left."""
+        candidates = [r for r in self.replicas if r.up and r.url not in exclude]
+        if not candidates:
+            candidates = [r for r in self.replicas if r.url not in exclude]
+        if not candidates:
+            tried = "; ".join(f"{r.url} ({r.why_down or 'failed'})" for r in self.replicas)
+            raise ProviderError(503, f"polar: no inference engine answered: {tried}", "overloaded_error")
+        if self.placement == "round_robin":
+            self._turn += 1
+            return candidates[self._turn % len(candidates)]
+        return min(candidates, key=lambda r: (r.inflight, r.placed))
+
+    def mark_down(self, replica: Replica, why: str) -> None:
+        if replica.up:
+            log.warning("polar: engine %s is down (%s); its sessions move to another engine", replica.url, why)
+        replica.up, replica.why_down = False, why
+
+    def mark_up(self, replica: Replica) -> None:
+        if not replica.up:
+            log.warning("polar: engine %s is up again; it takes new sessions", replica.url)
+        replica.up, replica.why_down, replica.misses = True, "", 0
+
+    async def probe(self, replica: Replica) -> None:
+        """GET /health (SGLang, vLLM and polar serve all answer it)."""
+        try:
+            session = replica.client.http()
+            timeout = aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)
+            async with session.get(replica.url + "/health", timeout=timeout) as r:
+                ok, why = r.status == 200, f"health probe answered {r.status}"
+        except aiohttp.ClientConnectionError as e:
+            if not isinstance(e, aiohttp.ServerTimeoutError):
+                self.mark_down(replica, f"health probe: {type(e).__name__}")
+                return
+            ok, why = False, "health probe timed out"
+        except asyncio.TimeoutError:
+            ok, why = False, "health probe timed out"
+        if ok:
+            self.mark_up(replica)
+            return
+        replica.misses += 1
+        if replica.misses >= PROBE_MISSES:
+            self.mark_down(replica, why)
+
+    async def probe_all(self) -> None:
+        await asyncio.gather(*(self.probe(r) for r in self.replicas))
+
+    async def probe_forever(self, interval_s: float) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                await self.probe_all()
+            except Exception:  # a probe bug must not end the probing
+                log.exception("polar: engine health probe failed")
+
+    def status(self, sessions: dict[str, int]) -> str:
+        parts = []
+        for r in self.replicas:
+            state = "up" if r.up else f"down ({r.why_down})"
+            parts.append(f"{r.url} {state} inflight={r.inflight} sessions={sessions.get(r.url, 0)} calls={r.served}")
+        return "; ".join(parts)
+
+    async def close(self) -> None:
+        for r in self.replicas:
+            await r.client.close()
+
+
+class SharedPlacement:
+    """Placements in Redis, so that every proxy sends a session to the same replica; they expire with the
+    session's idle TTL. Redis trouble degrades to this proxy's own placement, never to an error."""
+
+    def __init__(self, url: str, ttl_s: int) -> None:
+        import redis.asyncio
+
+        self.client = redis.asyncio.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+        self.ttl_s = ttl_s
+
+    @staticmethod
+    def key(task_id: str, session_id: str) -> str:
+        return f"{PLACEMENT_PREFIX}{task_id}/{session_id}"  # ids never hold "/" (records.check_id)
+
+    async def get(self, key: str) -> str | None:
+        try:
+            raw = await self.client.get(key)
+        except Exception as e:  # redis errors, OSError, timeouts
+            log.error("polar: engine placement: Redis: %s: %s", type(e).__name__, e)
+            return None
+        return raw.decode() if raw else None
+
+    async def claim(self, key: str, url: str) -> str:
+        """`url` when this proxy placed the session first, else the replica another proxy put it on."""
+        try:
+            if await self.client.set(key, url, nx=True, ex=self.ttl_s):
+                return url
+            raw = await self.client.get(key)
+        except Exception as e:
+            log.error("polar: engine placement: Redis: %s: %s", type(e).__name__, e)
+            return url
+        return raw.decode() if raw else url
+
+    async def move(self, key: str, url: str) -> None:
+        try:
+            await self.client.set(key, url, ex=self.ttl_s)
+        except Exception as e:
+            log.error("polar: engine placement: Redis: %s: %s", type(e).__name__, e)
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+
+class Placed(Protocol):
+    """The per-session state that remembers its replica (polar_mitm.prompt.SessionHistory)."""
+
+    engine: str | None
+
+    def move_to(self, url: str) -> None: ...
+
+
+class Engines:
+    """What the router uses: the pool, the shared placement, and the probe and status tasks."""
+
+    def __init__(self) -> None:
+        self.pool = EnginePool(("http://127.0.0.1:30000",), Timeouts())
+        self.shared: SharedPlacement | None = None
+        self._tasks: list[asyncio.Task] = []
+
+    def configure(self, urls: tuple[str, ...], timeouts: Timeouts, placement: str) -> None:
+        old, self.pool = self.pool, EnginePool(urls, timeouts, placement)
+        if any(r.client.opened for r in old.replicas):  # a reconfigure while running: free the old pool
+            asyncio.get_running_loop().create_task(old.close())
+
+    async def start(self, redis_url: str | None, ttl_s: int, probe_s: float, status_s: float,
+                    sessions: Callable[[], dict[str, int]]) -> None:
+        await self.pool.probe_all()
+        log.info("polar: engines (%s placement): %s", self.pool.placement, self.pool.status({}))
+        if redis_url:
+            self.shared = SharedPlacement(redis_url, ttl_s)
+        loop = asyncio.get_running_loop()
+        self._tasks.append(loop.create_task(self.pool.probe_forever(probe_s)))
+        if status_s > 0:
+            self._tasks.append(loop.create_task(self._report_forever(status_s, sessions)))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await self.pool.close()
+        if self.shared is not None:
+            await self.shared.close()
+
+    async def _report_forever(self, interval_s: float, sessions: Callable[[], dict[str, int]]) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            log.info("polar: engines: %s", self.pool.status(sessions()))
+
+    async def place(self, key: tuple[str, str], state: Placed, tried: frozenset[str] = frozenset()) -> Replica:
+        """The replica for the session's next call: where it was placed (by this proxy or, through Redis, any
+        other), else a new choice. A session whose replica is down (or in `tried`) moves: `move_to` restarts
+        its history, so the next prompt is rendered in full and labelled `rendered:engine_moved`."""
+        pool = self.pool
+        shared_key = SharedPlacement.key(*key)
+        if state.engine is None and self.shared is not None:
+            state.engine = await self.shared.get(shared_key)
+            if state.engine is not None and pool.get(state.engine) is None:
+                state.engine = None  # placed by a proxy that knows other engines
+        current = pool.get(state.engine)
+        if current is not None and current.up and current.url not in tried:
+            return current
+        chosen = pool.choose(tried)
+        if state.engine is None:
+            url = await self.shared.claim(shared_key, chosen.url) if self.shared else chosen.url
+            first = pool.get(url)  # another proxy placed it first
+            if first is not None and first.up and first.url not in tried:
+                chosen = first
+            elif url != chosen.url:
+                await self.shared.move(shared_key, chosen.url)
+            state.engine = chosen.url
+        else:
+            log.info("polar: session %s/%s moves from %s to %s", *key, state.engine, chosen.url)
+            state.move_to(chosen.url)
+            if self.shared is not None:
+                await self.shared.move(shared_key, chosen.url)
+        chosen.placed += 1
+        return chosen
