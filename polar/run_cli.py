@@ -26,7 +26,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--via", default="https_proxy", choices=WAYS_IN, help="way in to the proxy")
     engine = p.add_mutually_exclusive_group()
     engine.add_argument("--policy", type=Path, help="scripted policy for the reference server started here")
-    engine.add_argument("--backend", help="use this inference server (SGLang/vLLM/polar serve URL)")
+    engine.add_argument("--backend", help="use this inference server (SGLang/vLLM/polar serve URL; several replicas "
+                        "comma-separated)")
     p.add_argument("--engine", default="sglang", choices=["sglang", "vllm"], help="token API of --backend")
     p.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="model dir: tokenizer + chat template")
     p.add_argument("--model-name", help="model name the harness asks for (default: the adapter's)")

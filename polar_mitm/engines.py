@@ -44,6 +44,10 @@ def parse_backends(spec: str) -> tuple[str, ...]:
     return urls
 
 
+def placement_key(task_id: str, session_id: str) -> str:
+    return f"{PLACEMENT_PREFIX}{task_id}/{session_id}"  # ids never hold "/" (records.check_id)
+
+
 def parse_placement(spec: str) -> str:
     if spec not in PLACEMENTS:
         raise ValueError(f"expected one of {PLACEMENTS}, got {spec!r}")
@@ -149,10 +153,6 @@ class SharedPlacement:
         self.client = redis.asyncio.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
         self.ttl_s = ttl_s
 
-    @staticmethod
-    def key(task_id: str, session_id: str) -> str:
-        return f"{PLACEMENT_PREFIX}{task_id}/{session_id}"  # ids never hold "/" (records.check_id)
-
     async def get(self, key: str) -> str | None:
         try:
             raw = await self.client.get(key)
@@ -231,7 +231,7 @@ class Engines:
         other), else a new choice. A session whose replica is down (or in `tried`) moves: `move_to` restarts
         its history, so the next prompt is rendered in full and labelled `rendered:engine_moved`."""
         pool = self.pool
-        shared_key = SharedPlacement.key(*key)
+        shared_key = placement_key(*key)
         if state.engine is None and self.shared is not None:
             state.engine = await self.shared.get(shared_key)
             if state.engine is not None and pool.get(state.engine) is None:

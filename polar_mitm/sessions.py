@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Protocol
 from urllib.parse import parse_qs, urlsplit
 
+from polar_mitm.engines import placement_key
 from polar_traj.records import ID_PATTERN, check_id
 
 log = logging.getLogger(__name__)
@@ -135,6 +136,8 @@ def unregister_session(redis_url: str, token: str) -> None:
     raw = client.getdel(REDIS_PREFIX + token)
     if raw is not None:
         client.publish(ENDED_CHANNEL, raw)
+        session = json.loads(raw)
+        client.delete(placement_key(session["task_id"], session["session_id"]))
 
 
 def watch_ended(redis_url: str, on_end):

@@ -3,6 +3,7 @@
   POLAR_BROKER        Celery broker + batch bookkeeping   redis://127.0.0.1:6379/1
   POLAR_SESSIONS      sessions + weight-sync fence        the broker's Redis, db 0
   POLAR_ENGINE_URL    inference engine (SGLang/vLLM/polar serve)   http://127.0.0.1:30000
+                      several replicas: comma-separated URLs (each session sticks to one)
   POLAR_ENGINE        its token API: sglang | vllm        sglang
   POLAR_MODEL_DIR     tokenizer + chat template           fixtures/tiny-qwen2
   POLAR_RUNTIME       sandbox runtime                      auto
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Mapping
 from urllib.parse import urlsplit, urlunsplit
 
+from polar_mitm.engines import parse_backends
 from polar_traj.records import check_id
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,13 +71,17 @@ def load_settings(env: Mapping[str, str] | None = None) -> WorkerSettings:
     way_in = env.get("POLAR_WAY_IN", "https_proxy")
     if way_in not in ("https_proxy", "base_url"):
         raise ValueError(f"POLAR_WAY_IN {way_in!r}: expected https_proxy or base_url")
+    try:
+        engine_urls = parse_backends(env.get("POLAR_ENGINE_URL", "http://127.0.0.1:30000"))
+    except ValueError as e:
+        raise ValueError(f"POLAR_ENGINE_URL: {e}") from e
     retries = env.get("POLAR_INFRA_RETRIES", "2")
     if not retries.isdigit():
         raise ValueError(f"POLAR_INFRA_RETRIES {retries!r}: expected a whole number")
     return WorkerSettings(
         broker=broker,
         sessions=env.get("POLAR_SESSIONS") or sessions_url(broker),
-        engine_url=env.get("POLAR_ENGINE_URL", "http://127.0.0.1:30000"),
+        engine_url=",".join(engine_urls),
         engine=engine,
         model_dir=Path(env.get("POLAR_MODEL_DIR", str(ROOT / "fixtures" / "tiny-qwen2"))).resolve(),
         runtime=env.get("POLAR_RUNTIME", "auto"),
