@@ -76,6 +76,10 @@ class PrefixCache:
     def __len__(self) -> int:
         return len(self._entries)
 
+    def entries(self) -> tuple[Entry, ...]:
+        """Least recently used first."""
+        return tuple(self._entries.values())
+
     def lookup(self, ids: list[int], limit: int, config: Any) -> tuple[int, Any]:
         """(n, cache): a fresh DynamicCache holding the KV of ids[:n], with n the longest prefix any entry shares
         with ids, at most `limit` (the caller keeps at least the last prompt token to run, for the next-token
