@@ -135,12 +135,14 @@ class ReferenceServer:
         self.worker = Worker()
         self.gate = Gate()
         self.admin_lock = asyncio.Lock()
+        self.counts = {"requests": 0, "prompt_tokens": 0, "cached_tokens": 0}  # since start, for GET /metrics
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[errors], client_max_size=64 * 1024 * 1024)
         app.add_routes([
             web.get("/health", self.health), web.get("/health_generate", self.health),
             web.get("/get_model_info", self.model_info), web.get("/v1/models", self.models),
+            web.get("/metrics", self.metrics),
             web.post("/generate", self.generate), web.post("/v1/completions", self.completions),
             web.post("/update_weights_from_disk", self.update_weights),
             web.post("/pause_generation", self.pause), web.post("/resume_generation", self.resume),
@@ -174,6 +176,9 @@ class ReferenceServer:
         """Run the sequence to the end, one worker job per token; on_step sees it after every token."""
         async with self.gate.admit():
             await self.worker.run(seq.start)
+            self.counts["requests"] += 1
+            self.counts["prompt_tokens"] += len(seq.prompt_ids)
+            self.counts["cached_tokens"] += seq.cached_tokens
             while not seq.finished:
                 await self.worker.run(seq.step)
                 if on_step is not None:
@@ -238,6 +243,13 @@ class ReferenceServer:
     # -- control --------------------------------------------------------------------------------------------
     async def health(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok", "weight_version": self.engine.weight_version})
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        """Prometheus text: requests started, prompt tokens, and those served from the prefix cache."""
+        lines = []
+        for name, value in self.counts.items():
+            lines += [f"# TYPE polar_serve_{name}_total counter", f"polar_serve_{name}_total {value}"]
+        return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
 
     async def model_info(self, request: web.Request) -> web.Response:
         info = self.engine.info()
