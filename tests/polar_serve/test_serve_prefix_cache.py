@@ -4,6 +4,8 @@ flushed by /flush_cache and by new weights, and bounded by memory. Also --step-d
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -184,3 +186,11 @@ def test_a_reused_entry_is_never_changed_and_a_longer_one_replaces_it(tiny_model
     (longer,) = engine.prefix_cache.entries()  # the old entry is a prefix of the new one: dropped
     assert longer.ids.tolist() == second[: blocks(len(second))] and len(longer.ids) > len(entry.ids)
     assert engine.flush_prefix_cache("test").entries == 1 and len(engine.prefix_cache) == 0
+
+
+@pytest.mark.parametrize("flag, value", [("--prefix-cache-mb", "-1"), ("--step-delay-ms", "inf"),
+                                         ("--step-delay-ms", "soon")])
+def test_bad_flag_values_are_refused_by_name(tiny_model_dir: Path, flag: str, value: str) -> None:
+    done = subprocess.run([sys.executable, "-m", "polar_serve", "serve", "--model", str(tiny_model_dir), flag, value],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and flag in done.stderr and value in done.stderr
