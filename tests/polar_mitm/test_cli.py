@@ -12,7 +12,9 @@ from polar_mitm.launch import stop, ADDON, free_port, wait_for_port
 
 def test_polar_proxy_prints_the_harness_environment_and_serves(tmp_path, reference_server, tiny_model_dir):
     p1, p2 = free_port(), free_port()
-    cmd = [sys.executable, "-m", "polar.cli", "proxy", "--tokenizer", str(tiny_model_dir), "--backend", reference_server,
+    dead = f"http://127.0.0.1:{free_port()}"  # a second replica that is not running: calls go to the live one
+    cmd = [sys.executable, "-m", "polar.cli", "proxy", "--tokenizer", str(tiny_model_dir),
+           "--backend", f"{reference_server},{dead}",
            "--proxy-port", str(p1), "--base-url-port", str(p2), "--confdir", str(tmp_path / "conf"),
            "--capture-dir", str(tmp_path / "cap")]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -34,6 +36,7 @@ def test_polar_proxy_prints_the_harness_environment_and_serves(tmp_path, referen
     assert f"CA certificate {tmp_path / 'conf' / 'mitmproxy-ca-cert.pem'}" in out
     assert f"export HTTPS_PROXY=http://SESSION:TOKEN@127.0.0.1:{p1}" in out
     assert f"export ANTHROPIC_BASE_URL=http://127.0.0.1:{p2}" in out
+    assert f"engine {reference_server} up" in out and f"engine {dead} down (health probe" in out
     assert (tmp_path / "conf" / "polar-ca-bundle.pem").read_text().count("BEGIN CERTIFICATE") >= 2
 
 
@@ -47,7 +50,9 @@ def test_polar_proxy_reports_a_bad_model_dir(tmp_path):
 def test_mitmdump_refuses_bad_options_with_their_name(tmp_path, tiny_model_dir):
     mitmdump = f"{sys.prefix}/bin/mitmdump"
     for option, needle in (("polar_engine=tgi", "polar_engine"), ("polar_backend=ftp://x", "polar_backend"),
-                           ("polar_sessions=closed", "polar_sessions"), ("polar_hosts=bad host", "polar_hosts")):
+                           ("polar_sessions=closed", "polar_sessions"), ("polar_hosts=bad host", "polar_hosts"),
+                           ("polar_backend=http://127.0.0.1:1,http://127.0.0.1:1", "listed twice"),
+                           ("polar_engine_placement=random", "polar_engine_placement")):
         r = subprocess.run([mitmdump, "-s", str(ADDON), "--mode", f"regular@127.0.0.1:{free_port()}",
                             "--set", f"confdir={tmp_path}", "--set", f"polar_tokenizer={tiny_model_dir}",
                             "--set", option], capture_output=True, text=True, timeout=60)
