@@ -123,14 +123,6 @@ class EnginePool:
     async def probe_all(self) -> None:
         await asyncio.gather(*(self.probe(r) for r in self.replicas))
 
-    async def probe_forever(self, interval_s: float) -> None:
-        while True:
-            await asyncio.sleep(interval_s)
-            try:
-                await self.probe_all()
-            except Exception:  # a probe bug must not end the probing
-                log.exception("polar: engine health probe failed")
-
     def status(self, sessions: dict[str, int]) -> str:
         parts = []
         for r in self.replicas:
@@ -210,7 +202,7 @@ class Engines:
         if redis_url:
             self.shared = SharedPlacement(redis_url, ttl_s)
         loop = asyncio.get_running_loop()
-        self._tasks.append(loop.create_task(self.pool.probe_forever(probe_s)))
+        self._tasks.append(loop.create_task(self._probe_forever(probe_s)))
         if status_s > 0:
             self._tasks.append(loop.create_task(self._report_forever(status_s, sessions)))
 
@@ -220,6 +212,14 @@ class Engines:
         await self.pool.close()
         if self.shared is not None:
             await self.shared.close()
+
+    async def _probe_forever(self, interval_s: float) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                await self.pool.probe_all()
+            except Exception:  # a probe bug must not end the probing
+                log.exception("polar: engine health probe failed")
 
     async def _report_forever(self, interval_s: float, sessions: Callable[[], dict[str, int]]) -> None:
         while True:
@@ -240,6 +240,8 @@ class Engines:
         if current is not None and current.up and current.url not in tried:
             return current
         chosen = pool.choose(tried)
+        if chosen is current:  # nothing else to go to (e.g. a single engine, marked down): stay, keep the chain
+            return chosen
         if state.engine is None:
             url = await self.shared.claim(shared_key, chosen.url) if self.shared else chosen.url
             first = pool.get(url)  # another proxy placed it first
