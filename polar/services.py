@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from polar_mitm.launch import free_port, stop, wait_for_file, wait_for_port
+from polar_mitm.launch import PARENT_ENV, free_port, stop, wait_for_file, wait_for_port
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -90,7 +90,7 @@ def start_proxy(tokenizer: Path, backend: str, capture_dir: Path, confdir: Path,
            "--capture-dir", str(capture_dir), "--sessions", sessions, "--host", host,
            "--proxy-port", str(p1), "--base-url-port", str(p2), "--confdir", str(confdir)]
     log.parent.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", PARENT_ENV: str(os.getpid())}
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
     try:

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from polar_mitm.harness_env import harness_env, write_ca_bundle
+from polar_mitm.launch import die_with_parent
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -35,6 +36,7 @@ def proxy_modes(host: str, proxy_port: int, base_url_port: int, backend: str) ->
 
 
 def run(args: argparse.Namespace) -> int:
+    die_with_parent()  # started by a worker or `polar run`: go when it goes
     confdir = Path(args.confdir).expanduser()
     confdir.mkdir(parents=True, exist_ok=True)
     try:

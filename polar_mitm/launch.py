@@ -104,6 +104,27 @@ def start_proxy(workdir: Path, backend: str, model_dir: Path, *extra: str, hosts
     return proc, ProxyProcess(proc.pid, p1, p2, confdir / "mitmproxy-ca-cert.pem", capture, backend, log)
 
 
+PARENT_ENV = "POLAR_PARENT_PID"
+
+
+def die_with_parent() -> None:
+    """In a child started with POLAR_PARENT_PID set: get SIGTERM when that parent dies, even by SIGKILL (Linux),
+    so a killed worker or `polar run` leaves no proxy behind holding its ports. Runs in the child itself
+    (a preexec_fn is unsafe in a parent with threads)."""
+    import ctypes
+    import signal
+
+    parent = os.environ.pop(PARENT_ENV, "")
+    if not parent.isdigit():
+        return
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return  # not Linux: the parent's own stop() still ends it
+    if os.getppid() != int(parent):  # it died before the line above
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
 def stop(proc: subprocess.Popen) -> None:
     """Terminate, and kill what does not exit within 10 s."""
     proc.terminate()

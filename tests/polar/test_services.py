@@ -34,3 +34,44 @@ def test_registered_session(redis_url):
     s = new_session(handle(redis_url), "task-9", "sess-2")
     stored = json.loads(redis.Redis.from_url(redis_url).get(REDIS_PREFIX + s.token))
     assert stored == {"task_id": "task-9", "session_id": "sess-2"} and (s.task_id, s.session_id) == ("task-9", "sess-2")
+
+
+def test_a_killed_parent_leaves_no_proxy_behind(tmp_path, tiny_model_dir):
+    """A worker or `polar run` killed with SIGKILL cannot stop its proxy; the proxy goes by itself."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = (
+        "import sys, time\n"
+        "from pathlib import Path\n"
+        "from polar.services import start_proxy\n"
+        f"t = Path({str(tmp_path)!r})\n"
+        f"with start_proxy(Path({str(tiny_model_dir)!r}), 'http://127.0.0.1:9', t / 'cap', t / 'conf', t / 'proxy.log'):\n"
+        "    print('ready', flush=True)\n"
+        "    time.sleep(600)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout.readline().strip() == "ready"
+        children = [int(p) for p in
+                    Path(f"/proc/{parent.pid}/task/{parent.pid}/children").read_text().split()]
+        assert children, "the proxy is the parent's child"
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+        deadline = time.monotonic() + 30
+        while any(Path(f"/proc/{pid}").exists() and "Z" not in _state(pid) for pid in children):
+            assert time.monotonic() < deadline, "the proxy outlived its parent"
+            time.sleep(0.2)
+    finally:
+        if parent.poll() is None:
+            os.kill(parent.pid, signal.SIGKILL)
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "Z"
