@@ -6,6 +6,7 @@ calls go to the in-process relay (polar_mitm/relay.py), the only upstream mitmpr
 streams the engine's tokens back as the provider's SSE. Either way every call ends in a CallRecord."""
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
@@ -268,18 +269,29 @@ class Router:
         calls.finish_events(call)
         completion = calls.completion_of(call, self.model.stop_ids)
         body = CODECS[call.route.api].render_response(completion)
-        self.finish(call, completion, body, None)
+        record = calls.make_record(call, body, flags=self._flags(call))
+        # The disk write (with its fsync) runs off the event loop, so other calls go on meanwhile; the reply
+        # still waits for it.
+        await asyncio.to_thread(self.capture.write, record)
+        call.recorded = True
+        self._remember(call, completion)
         return json_response(200, body)
 
     def finish(self, call: calls.Call, completion, body: dict | None, error: str | None) -> None:
         """Record the call, then (only once it is on disk) remember it in the session history, before the reply
         goes out, so the harness's next request can already extend it. Raises CaptureError."""
-        flags = tuple(call.flags) + (call.parser.result().flags if call.parser else ())
-        self._record(call, calls.make_record(call, body, error=error, flags=flags))
+        self._record(call, calls.make_record(call, body, error=error, flags=self._flags(call)))
         if error is None:
-            history = self.histories.peek((call.session.task_id, call.session.session_id))
-            if history is not None and history.engine == call.engine:  # not a session that moved meanwhile
-                history.remember(call.prompt, calls.reply_message(completion), calls.call_tokens(call, self.model.stop_ids))
+            self._remember(call, completion)
+
+    @staticmethod
+    def _flags(call: calls.Call) -> tuple[str, ...]:
+        return tuple(call.flags) + (call.parser.result().flags if call.parser else ())
+
+    def _remember(self, call: calls.Call, completion) -> None:
+        history = self.histories.peek((call.session.task_id, call.session.session_id))
+        if history is not None and history.engine == call.engine:  # not a session that moved meanwhile
+            history.remember(call.prompt, calls.reply_message(completion), calls.call_tokens(call, self.model.stop_ids))
 
     def fail(self, call: calls.Call, e: ProviderError) -> http.Response:
         """The provider's error for a call, recorded when it was an LLM call."""

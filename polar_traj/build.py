@@ -160,6 +160,7 @@ def _metadata(calls: Sequence[CallRecord], start: ChainStart | None, errors: lis
         "unparsed_tool_call_ids": [c.call_id for c in calls if UNPARSED_TOOL_CALL in c.flags],
         "flags": {c.call_id: list(c.flags) for c in calls if c.flags},
         "rendered_calls": {c.call_id: c.prefix_source for c in calls if c.prefix_source != "substituted"},
+        "engines": sorted({c.engine for c in calls if c.engine}),  # replicas that served it (CallRecord.engine)
         # calls whose proxy-side parent is not the call they follow here (a diagnostic for the proxy)
         "parent_mismatch_call_ids": [c.call_id for prev, c in zip(calls, calls[1:])
                                      if c.parent_call_id is not None and c.parent_call_id != prev.call_id],

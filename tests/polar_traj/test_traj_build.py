@@ -165,3 +165,18 @@ def test_parallel_sessions_merge_independently(capture, write_records, make_reco
                                                                          ("timeout", 0.0, -0.5)]
     assert rows[1]["loss_mask"] == rows[0]["loss_mask"]  # a timeout stays trainable
     assert (stats.sessions, stats.calls, stats.trajectories) == (2, 6, 2)
+
+
+def test_metadata_names_the_engines_of_a_session_that_moved(capture, write_records, make_record):
+    from dataclasses import replace
+
+    a, b = "http://127.0.0.1:30000", "http://127.0.0.1:30001"
+    c0 = replace(make_record(P0, [40, EOT], call_id="c0"), engine=a)
+    # the replica went down: the next call ran on b, its prompt rendered in full (same tokens here)
+    c1 = replace(make_record(P0 + [40, EOT, 50], [41, EOT], call_id="c1", prefix_source="rendered:engine_moved"),
+                 engine=b)
+    (t,), _ = built(capture, write_records, [c0, c1])
+    assert t.call_ids == ["c0", "c1"] and t.metadata["engines"] == [a, b]
+    assert t.metadata["rendered_calls"] == {"c1": "rendered:engine_moved"}
+    (u,), _ = built(capture / "one-engine", write_records, [c0])
+    assert u.metadata["engines"] == [a]
