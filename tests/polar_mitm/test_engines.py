@@ -164,7 +164,7 @@ def test_failover_then_the_replica_comes_back(tmp_path, replicas, tiny_model_dir
     p1_proc, p1 = start_proxy(tmp_path / "p1", backends, tiny_model_dir, "--set", "polar_engine_probe_interval=3600",
                               quiet=False)
     p2_proc, p2 = start_proxy(tmp_path / "p2", backends, tiny_model_dir, "--set", "polar_engine_probe_interval=1",
-                              quiet=False)
+                              "--set", "polar_engine_status_interval=1", quiet=False)
     try:
         names = [f"fo-{i}" for i in range(8)]
         asyncio.run(run_sessions(p1.base_url, names, turns=1))
@@ -203,6 +203,10 @@ def test_failover_then_the_replica_comes_back(tmp_path, replicas, tiny_model_dir
         fresh = [f"new-{i}" for i in range(4)]
         asyncio.run(run_sessions(p2.base_url, fresh, turns=1, concurrency=1))
         assert a.url in {records(p2, n)[0].engine for n in fresh}
+        # the periodic status line: each replica's state, calls in flight, sessions and calls served
+        status = [line for line in p2.log.read_text().splitlines() if "polar: engines: " in line]
+        assert any(f"{b.url} up inflight=0 sessions=" in line for line in status), status[-3:]
+        assert any(f"{a.url} down (" in line for line in status), status[-3:]
 
         # Tokens exact: each record replayed on the replica that served it (A again has the same weights).
         for name in names:
