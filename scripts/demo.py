@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -61,26 +60,6 @@ def tasks_file(out: Path, harnesses: list[str], only: list[str] | None) -> Path:
     path = out / "tasks.yaml"
     path.write_text(yaml.safe_dump({"tasks": entries}, sort_keys=False))
     return path
-
-
-@contextmanager
-def private_redis(folder: Path) -> Iterator[str]:
-    """redis-server (installed by make setup) on 127.0.0.1 and a free port, only for this demo."""
-    from polar.services import free_port, wait_for_port
-
-    binary = shutil.which("redis-server")
-    if binary is None:
-        raise DemoError("redis-server is not installed: run `make setup`")
-    port = free_port()
-    log = folder / "redis.log"
-    proc = subprocess.Popen([binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
-                             "--dir", str(folder)], stdout=open(log, "wb"), stderr=subprocess.STDOUT)
-    try:
-        wait_for_port(port, proc, log, 20.0, "127.0.0.1")
-        yield f"redis://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 @contextmanager
@@ -147,13 +126,14 @@ def summary_lines(batch_dir: Path, wall_s: float) -> list[str]:
 
 def run_batch(args: argparse.Namespace, out: Path) -> Path:
     from polar.client import PolarClient
+    from polar.local_redis import private_redis
     from polar.services import context_view, reference_server
     from polar.submit_cli import follow
 
     t0 = time.monotonic()
     with ExitStack() as stack:
         print("== starting: private Redis, reference server (tiny model, fix-bug-sometimes), one worker node")
-        redis_url = stack.enter_context(private_redis(out / "services"))
+        redis_url = stack.enter_context(private_redis(out / "services", tcp=True)).rsplit("/", 1)[0]
         broker, sessions = f"{redis_url}/1", f"{redis_url}/0"
         model = context_view(MODEL, 65536, out / "services" / "model")  # harness prompts are long
         engine = stack.enter_context(reference_server(model, args.policy, out / "services" / "serve.log"))
