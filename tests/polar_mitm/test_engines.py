@@ -185,7 +185,9 @@ def test_failover_then_the_replica_comes_back(tmp_path, replicas, tiny_model_dir
         assert streamed[1].engine == a.url and streamed[1].error and streamed[1].output_ids
 
         # Every later call of A's sessions succeeds on B, rendered in full and labelled; B's sessions go on.
-        asyncio.run(asyncio.wait_for(_second_turns(p1.base_url, names), 300))
+        # The first of them streams: its stream opens on B after A refused the connection.
+        streamed_first = next(n for n in names if first[n] == a.url)
+        asyncio.run(asyncio.wait_for(_second_turns(p1.base_url, names, streamed_first), 300))
         for name in names:
             second = records(p1, name)[1]
             assert second.error is None and second.engine == b.url
@@ -217,13 +219,21 @@ def test_failover_then_the_replica_comes_back(tmp_path, replicas, tiny_model_dir
         stop(p2_proc)
 
 
-async def _second_turns(base: str, names: list[str]) -> None:
+async def _second_turns(base: str, names: list[str], streamed: str) -> None:
     async with httpx.AsyncClient(timeout=120) as client:
-        for name in names:
-            body = chat(f"hello from {name}")
+        for name in [streamed, *(n for n in names if n != streamed)]:
+            body = chat(f"hello from {name}", stream=name == streamed)
             body["messages"] += [{"role": "assistant", "content": f"You said: hello from {name}"},
                                  {"role": "user", "content": "and then 2"}]
-            await turn(client, base, name, body)
+            if name != streamed:
+                await turn(client, base, name, body)
+                continue
+            async with client.stream("POST", base + "/v1/chat/completions", json=body,
+                                     headers={"authorization": f"Bearer {name}"}) as r:
+                events = [line[6:] async for line in r.aiter_lines() if line.startswith("data: ")]
+            assert r.status_code == 200 and events[-1] == "[DONE]", events[-3:]
+            text = "".join(_content(json.loads(e)) for e in events[:-1])
+            assert not any('"error"' in e for e in events) and text == "You said: and then 2", text
 
 
 def test_proxies_sharing_redis_agree_on_placement(tmp_path, replicas, tiny_model_dir):
