@@ -91,7 +91,8 @@ class EnginePool:
 
     def mark_down(self, replica: Replica, why: str) -> None:
         if replica.up:
-            log.warning("polar: engine %s is down (%s); its sessions move to another engine", replica.url, why)
+            then = "; its sessions move to another engine" if len(self.replicas) > 1 else ""
+            log.warning("polar: engine %s is down (%s)%s", replica.url, why, then)
         replica.up, replica.why_down = False, why
 
     def mark_up(self, replica: Replica) -> None:
