@@ -31,8 +31,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def proxy_modes(host: str, proxy_port: int, base_url_port: int, backend: str) -> list[str]:
+    from polar_mitm.engines import parse_backends
+
     # mitmproxy needs a reverse target; Polar never forwards to it (polar_mitm/egress.py). The first engine.
-    return [f"regular@{host}:{proxy_port}", f"reverse:{backend.split(',')[0].strip()}@{host}:{base_url_port}"]
+    return [f"regular@{host}:{proxy_port}", f"reverse:{parse_backends(backend)[0]}@{host}:{base_url_port}"]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -80,8 +82,7 @@ class _Announce:
         print(f"polar proxy: HTTPS_PROXY listener {self.args.host}:{self.args.proxy_port}, "
               f"base-URL listener {self.args.host}:{self.args.base_url_port}")
         for replica in self.router.engines.pool.replicas:
-            state = "up" if replica.up else f"down ({replica.why_down})"
-            print(f"polar proxy: engine {replica.url} {state}")
+            print(f"polar proxy: engine {replica.url} {replica.state}")
         print(f"polar proxy: CA certificate {ca}")
         print("polar proxy: environment for a harness (replace SESSION and TOKEN):")
         for key, value in env.items():

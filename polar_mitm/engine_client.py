@@ -36,6 +36,27 @@ def engine_timeout(seconds: float, what: str = "") -> EngineFailure:
     return EngineFailure(504, f"polar: engine timeout after {seconds:g} s{what}", "timeout_error", retry=False)
 
 
+def engine_json(raw: bytes) -> Any:
+    """The engine's JSON answer; a body that is not JSON becomes an error object holding its start."""
+    try:
+        return json.loads(raw or b"{}")
+    except ValueError:  # JSONDecodeError, UnicodeDecodeError
+        return {"error": {"message": raw[:500].decode(errors="replace")}}
+
+
+def engine_message(data: Any) -> str:
+    err = data.get("error") if isinstance(data, dict) else None
+    if isinstance(err, dict):
+        return str(err.get("message", err))
+    return str(err or data)[:500]
+
+
+def engine_refused(status: int, data: Any) -> ProviderError:
+    """The provider's error for an engine that answered a call with an error status."""
+    return ProviderError(400 if status == 400 else 502, f"inference engine answered {status}: {engine_message(data)}",
+                         "api_error")
+
+
 class EngineClient:
     def __init__(self, base_url: str, timeouts: Timeouts) -> None:
         self.base_url, self.timeouts = base_url.rstrip("/"), timeouts

@@ -65,6 +65,10 @@ class Replica:
     served: int = 0  # calls answered there
     misses: int = 0  # consecutive failed probes
 
+    @property
+    def state(self) -> str:
+        return "up" if self.up else f"down ({self.why_down})"
+
 
 class EnginePool:
     def __init__(self, urls: tuple[str, ...], timeouts: Timeouts, placement: str = "least_loaded") -> None:
@@ -127,8 +131,7 @@ class EnginePool:
     def status(self, sessions: dict[str, int]) -> str:
         parts = []
         for r in self.replicas:
-            state = "up" if r.up else f"down ({r.why_down})"
-            parts.append(f"{r.url} {state} inflight={r.inflight} sessions={sessions.get(r.url, 0)} calls={r.served}")
+            parts.append(f"{r.url} {r.state} inflight={r.inflight} sessions={sessions.get(r.url, 0)} calls={r.served}")
         return "; ".join(parts)
 
     async def close(self) -> None:

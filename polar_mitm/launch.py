@@ -78,12 +78,14 @@ def start_proxy(workdir: Path, backend: str, model_dir: Path, *extra: str, hosts
     `hosts_file` (tests, root only): run it in a private mount namespace where that file is /etc/hosts, so a
     provider hostname can point at a local listener. `reverse_target`: the base-URL listener's target
     (default the engine; Polar never forwards to it, see polar_mitm/egress.py)."""
+    from polar_mitm.engines import parse_backends  # aiohttp: not for every importer of this module
+
     workdir.mkdir(parents=True, exist_ok=True)
     p1, p2 = free_port(), free_port()
     confdir, capture, log = workdir / "mitm", workdir / "captures", workdir / "mitmdump.log"
     cmd = [
         str(Path(sys.executable).parent / "mitmdump"), *(["-q"] if quiet else ["--set", "flow_detail=0"]), "-s", str(ADDON),
-        "--mode", f"regular@127.0.0.1:{p1}", "--mode", f"reverse:{reverse_target or backend.split(',')[0]}@127.0.0.1:{p2}",
+        "--mode", f"regular@127.0.0.1:{p1}", "--mode", f"reverse:{reverse_target or parse_backends(backend)[0]}@127.0.0.1:{p2}",
         "--set", f"confdir={confdir}", "--set", "connection_strategy=lazy",
         "--set", f"polar_backend={backend}", "--set", f"polar_tokenizer={model_dir}",
         "--set", f"polar_capture_dir={capture}", *extra,

@@ -6,7 +6,6 @@ provider-like headers."""
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import secrets
 from typing import TYPE_CHECKING
@@ -18,7 +17,7 @@ from mitmproxy import http
 from polar_mitm.call import Call
 from polar_mitm.capture import CaptureError
 from polar_mitm.conversation import ProviderError
-from polar_mitm.engine_client import EngineFailure, chunks
+from polar_mitm.engine_client import EngineFailure, chunks, engine_json, engine_refused
 from polar_mitm.engines import Replica
 from polar_mitm.streaming import StreamTranslator
 
@@ -106,7 +105,7 @@ class StreamRelay:
         try:
             async with upstream:
                 if upstream.status != 200:
-                    return self._error(call, await engine_refusal(upstream))
+                    return self._error(call, engine_refused(upstream.status, engine_json(await upstream.read())))
                 response = await self._relay(call, replica, upstream, request)
         finally:
             replica.inflight -= 1
@@ -152,16 +151,3 @@ class StreamRelay:
             self.router.finish(call, None, None, "client disconnected")
         except CaptureError:
             pass  # logged by Capture; nobody is listening any more
-
-
-async def engine_refusal(upstream: aiohttp.ClientResponse) -> ProviderError:
-    """The provider's error for an engine that answered the stream request with an error status."""
-    from polar_mitm.router import engine_message
-
-    raw = await upstream.read()
-    try:
-        data = json.loads(raw or b"{}")
-    except ValueError:
-        data = {"error": {"message": raw[:500].decode(errors="replace")}}
-    return ProviderError(400 if upstream.status == 400 else 502,
-                         f"inference engine answered {upstream.status}: {engine_message(data)}", "api_error")

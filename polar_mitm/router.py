@@ -20,7 +20,7 @@ from polar_mitm import call as calls
 from polar_mitm.capture import Capture, CaptureError
 from polar_mitm.conversation import Conversation, ProviderError
 from polar_mitm.engine import EngineError, apply_chunk, engine_request, parse_engine
-from polar_mitm.engine_client import EngineFailure, Timeouts
+from polar_mitm.engine_client import EngineFailure, Timeouts, engine_json, engine_refused
 from polar_mitm.engines import Engines, Replica, parse_backends, parse_placement
 from polar_mitm.fence import Fence
 from polar_mitm.model import Model, load_model
@@ -254,13 +254,9 @@ class Router:
                 replica.inflight -= 1
             replica = await self.fail_over(call, replica, failure, tried)
         replica.served += 1
-        try:
-            data = json.loads(raw or b"{}")
-        except (json.JSONDecodeError, ValueError):
-            data = {"error": {"message": raw[:500].decode(errors="replace")}}
+        data = engine_json(raw)
         if status != 200:
-            raise ProviderError(400 if status == 400 else 502,
-                                f"inference engine answered {status}: {engine_message(data)}", "api_error")
+            raise engine_refused(status, data)
         try:
             apply_chunk(self.engine, data, call.output)
         except EngineError as e:
@@ -320,10 +316,3 @@ class Router:
     def _record(self, call: calls.Call, record) -> None:
         self.capture.write(record)
         call.recorded = True
-
-
-def engine_message(data: Any) -> str:
-    err = data.get("error") if isinstance(data, dict) else None
-    if isinstance(err, dict):
-        return str(err.get("message", err))
-    return str(err or data)[:500]
