@@ -244,6 +244,8 @@ def postrun_sample(sample_dir: Path) -> SampleResult:
     parquet, build_error = _build(out, files, entry)
     if build_error and failure is None:
         status, failure, reason = "error", "infrastructure", build_error
+    elif build_error:  # the outcome stands; say why its rows are missing
+        reason = f"{reason}; {build_error}"
     from polar_traj.outcomes import parse_entry, resolve
 
     resolved = resolve(parse_entry({k: v for k, v in entry.items() if k != "metadata"} | {

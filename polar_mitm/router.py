@@ -268,16 +268,14 @@ class Router:
         record = calls.make_record(call, body, flags=self._flags(call))
         # The disk write (with its fsync) runs off the event loop, so other calls go on meanwhile; the reply
         # still waits for it.
-        await asyncio.to_thread(self.capture.write, record)
-        call.recorded = True
-        self._remember(call, completion)
+        if await self._record_off_loop(call, record):
+            self._remember(call, completion)
         return json_response(200, body)
 
     def finish(self, call: calls.Call, completion, body: dict | None, error: str | None) -> None:
         """Record the call, then (only once it is on disk) remember it in the session history, before the reply
         goes out, so the harness's next request can already extend it. Raises CaptureError."""
-        self._record(call, calls.make_record(call, body, error=error, flags=self._flags(call)))
-        if error is None:
+        if self._record(call, calls.make_record(call, body, error=error, flags=self._flags(call))) and error is None:
             self._remember(call, completion)
 
     @staticmethod
@@ -313,6 +311,27 @@ class Router:
             except CaptureError:
                 pass  # logged by Capture; the client is gone
 
-    def _record(self, call: calls.Call, record) -> None:
-        self.capture.write(record)
+    # A call has one record. The first writer claims it before writing, so a disconnect noticed meanwhile (the
+    # error hook, the relay) cannot add a second line with the same call_id, which readers refuse.
+    def _record(self, call: calls.Call, record) -> bool:
+        """Write the call's record; False when it already has one (that one stands)."""
+        if call.recorded:
+            return False
         call.recorded = True
+        try:
+            self.capture.write(record)
+        except Exception:
+            call.recorded = False  # nothing on disk: an error record may still be tried
+            raise
+        return True
+
+    async def _record_off_loop(self, call: calls.Call, record) -> bool:
+        if call.recorded:
+            return False
+        call.recorded = True
+        try:
+            await asyncio.to_thread(self.capture.write, record)
+        except Exception:
+            call.recorded = False
+            raise
+        return True

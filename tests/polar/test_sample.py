@@ -67,7 +67,7 @@ def tokenizer(long_model):
 
 
 def rows(result: SampleResult) -> list[dict]:
-    assert result.trajectories, result
+    assert result.trajectories, f"{result.status} {result.reason}: {result.capture_files}"
     return read_trajectories(result.trajectories).to_pylist()
 
 

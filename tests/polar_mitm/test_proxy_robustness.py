@@ -150,6 +150,30 @@ def test_a_client_that_disconnects_is_recorded_as_such(stub, stub_proxy):
         stub.mode = "ok"
 
 
+def test_clients_that_leave_mid_stream_are_recorded_once(stub, stub_proxy):
+    """Harnesses killed mid-stream (an agent timeout) while the engine streams on: the proxy notices the
+    disconnect (the error hook) while its relay may still be finishing the call. Each call has one record,
+    never two lines with one call_id (readers refuse those, and the sample lost its trajectories)."""
+    ids = stub.ids
+    stub.ids = ids[:-1] * 40 + ids[-1:]  # a long stream, so the client leaves at many different points
+    try:
+        for n in range(40):
+            req = provider_request("openai_chat", "hi", True, key=f"killed-{n}")
+            headers = {**req.headers, "content-type": "application/json"}
+            with httpx.stream("POST", stub_proxy.base_url + req.path, json=req.body, headers=headers, timeout=30) as r:
+                assert r.status_code == 200
+                chunks = r.iter_raw()
+                for _ in range(n % 6):
+                    next(chunks, None)
+        time.sleep(2)  # the relay's last writes
+        for n in range(40):
+            records = stub_proxy.records(f"killed-{n}")
+            assert len(records) == 1, [(r["call_id"], r["error"]) for r in records]
+            assert records[0]["error"] in (None, "client disconnected")  # None: finished before the proxy noticed
+    finally:
+        stub.ids = ids
+
+
 # -- a chat template that never shows the model its tools -------------------------------------------------------
 def test_tools_the_template_drops_are_flagged(tmp_path, reference_server, tiny_model_dir):
     model = tmp_path / "plain-template"
