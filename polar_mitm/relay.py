@@ -85,20 +85,10 @@ class StreamRelay:
         answer = self.router.fail(call, e)  # records the call unless it already was
         return web.Response(status=answer.status_code, body=answer.content, content_type="application/json")
 
-    async def _open(self, call: Call) -> tuple[Replica, aiohttp.ClientResponse]:
-        """The engine stream of the call's replica; when a replica fails before answering (nothing has reached
-        the harness yet), the call moves to another one. Raises ProviderError when no replica answers."""
-        router = self.router
-        replica, tried = router.engines.pool.get(call.engine), set()
-        while True:
-            try:
-                return replica, await replica.client.open_stream(*call.engine_request)
-            except EngineFailure as e:
-                replica = await router.fail_over(call, replica, e, tried)
-
     async def _serve(self, call: Call, request: web.Request) -> web.StreamResponse:
-        try:
-            replica, upstream = await self._open(call)
+        try:  # nothing has reached the harness before the engine answers: a failed replica is retried on another
+            replica, upstream = await self.router.on_replica(
+                call, lambda replica: replica.client.open_stream(*call.engine_request))
         except ProviderError as e:
             return self._error(call, e)
         replica.inflight += 1

@@ -6,12 +6,11 @@ calls go to the in-process relay (polar_mitm/relay.py), the only upstream mitmpr
 streams the engine's tokens back as the provider's SSE. Either way every call ends in a CallRecord."""
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import re
 import time
-from typing import Any
+from typing import Any, Awaitable, Callable, TypeVar
 
 from mitmproxy import ctx, http
 from mitmproxy.exceptions import OptionsError
@@ -35,6 +34,7 @@ log = logging.getLogger(__name__)
 # A JSON escape of a UTF-16 surrogate: only then can the parsed body hold text the tokenizer cannot take.
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
+T = TypeVar("T")
 
 
 def parse_positive(value: int) -> int:
@@ -205,6 +205,16 @@ class Router:
         call.engine = replica.url
         return replica
 
+    async def on_replica(self, call: calls.Call, send: Callable[[Replica], Awaitable[T]]) -> tuple[Replica, T]:
+        """`send(replica)` on the call's replica; when a replica fails before answering, again on another one
+        (fail_over). Raises ProviderError when none answers."""
+        replica, tried = self.engines.pool.get(call.engine), set()
+        while True:
+            try:
+                return replica, await send(replica)
+            except EngineFailure as e:
+                replica = await self.fail_over(call, replica, e, tried)
+
     async def fail_over(self, call: calls.Call, replica: Replica, e: EngineFailure, tried: set[str]) -> Replica:
         """`replica` failed the call: mark it down, and when nothing of the call has reached the harness yet,
         move the session to another replica and rebuild the prompt there (rendered in full). Raises `e` when
@@ -242,17 +252,14 @@ class Router:
 
     async def _complete_call(self, call: calls.Call) -> http.Response:
         """The provider's reply to a non-streamed call, recorded before it is returned."""
-        replica, tried = self.engines.pool.get(call.engine), set()
-        while True:
+        async def complete(replica: Replica) -> tuple[int, bytes]:
             replica.inflight += 1
             try:
-                status, raw = await replica.client.complete(*call.engine_request)
-                break
-            except EngineFailure as e:
-                failure = e
+                return await replica.client.complete(*call.engine_request)  # rebuilt by a fail_over
             finally:
                 replica.inflight -= 1
-            replica = await self.fail_over(call, replica, failure, tried)
+
+        replica, (status, raw) = await self.on_replica(call, complete)
         replica.served += 1
         data = engine_json(raw)
         if status != 200:
@@ -265,11 +272,7 @@ class Router:
         calls.finish_events(call)
         completion = calls.completion_of(call, self.model.stop_ids)
         body = CODECS[call.route.api].render_response(completion)
-        record = calls.make_record(call, body, flags=self._flags(call))
-        # The disk write (with its fsync) runs off the event loop, so other calls go on meanwhile; the reply
-        # still waits for it.
-        if await self._record_off_loop(call, record):
-            self._remember(call, completion)
+        self.finish(call, completion, body, None)
         return json_response(200, body)
 
     def finish(self, call: calls.Call, completion, body: dict | None, error: str | None) -> None:
@@ -312,7 +315,8 @@ class Router:
                 pass  # logged by Capture; the client is gone
 
     # A call has one record. The first writer claims it before writing, so a disconnect noticed meanwhile (the
-    # error hook, the relay) cannot add a second line with the same call_id, which readers refuse.
+    # error hook, the relay finishing the stream) cannot add a second line with the same call_id, which readers
+    # refuse.
     def _record(self, call: calls.Call, record) -> bool:
         """Write the call's record; False when it already has one (that one stands)."""
         if call.recorded:
@@ -322,16 +326,5 @@ class Router:
             self.capture.write(record)
         except Exception:
             call.recorded = False  # nothing on disk: an error record may still be tried
-            raise
-        return True
-
-    async def _record_off_loop(self, call: calls.Call, record) -> bool:
-        if call.recorded:
-            return False
-        call.recorded = True
-        try:
-            await asyncio.to_thread(self.capture.write, record)
-        except Exception:
-            call.recorded = False
             raise
         return True
