@@ -21,8 +21,8 @@ sys.path.insert(0, str(ROOT))
 
 import yaml  # noqa: E402
 
-from polar.client import PolarClient  # noqa: E402
-from polar.services import context_view  # noqa: E402
+from workers.client import PolarClient  # noqa: E402
+from polar.run.services import context_view  # noqa: E402
 from polar_serve.launch import reference_server  # noqa: E402
 from tests.redis_server import redis_server  # noqa: E402
 from tests.workers.cluster import node_env, start_node  # noqa: E402

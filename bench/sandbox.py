@@ -17,9 +17,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from polar.limits import mechanism  # noqa: E402
+from polar.sandbox.limits import mechanism  # noqa: E402
 from polar_mitm.launch import free_port  # noqa: E402
-from polar.runtime import REGISTRY, Mounts, bridged, get_runtime, run_group  # noqa: E402
+from polar.sandbox.runtime import REGISTRY, Mounts, bridged, get_runtime, run_group  # noqa: E402
 
 IMAGE = ROOT / ".cache" / "images" / "polar-tasks" / "rootfs"
 

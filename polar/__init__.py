@@ -1,1 +1,1 @@
-"""polar: command line entry point."""
+"""polar: the command line (polar.cli) and the single-machine side of Polar: run/, tasks/, harness/, sandbox/, report/."""

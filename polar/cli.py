@@ -10,9 +10,9 @@ SUBCOMMANDS = {
     "serve": "polar_serve.cli",
     "proxy": "polar_mitm.cli",
     "traj": "polar_traj.cli",
-    "run": "polar.run_cli",
-    "submit": "polar.submit_cli",  # also status, cancel, policy
-    "report": "polar.report",
+    "run": "polar.run.cli",
+    "submit": "workers.cli",  # also status, cancel, policy
+    "report": "polar.report.cli",
 }
 
 

@@ -98,7 +98,7 @@ def node_env(out: Path, broker: str, sessions: str, engine: str, model: Path, ru
 
 def summary_lines(batch_dir: Path, wall_s: float) -> list[str]:
     """Samples by status, reward mean per task and harness, calls, trainer tokens per build, wall time."""
-    from polar.report_data import load
+    from polar.report.data import load
 
     d = load(batch_dir)
     s, t = d.samples, d.trajectories
@@ -125,10 +125,10 @@ def summary_lines(batch_dir: Path, wall_s: float) -> list[str]:
 
 
 def run_batch(args: argparse.Namespace, out: Path) -> Path:
-    from polar.client import PolarClient
-    from polar.local_redis import private_redis
-    from polar.services import context_view, reference_server
-    from polar.submit_cli import follow
+    from workers.client import PolarClient
+    from polar.run.local_redis import private_redis
+    from polar.run.services import context_view, reference_server
+    from workers.cli import follow
 
     t0 = time.monotonic()
     with ExitStack() as stack:
@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     except (DemoError, TimeoutError, ValueError, OSError, RuntimeError) as e:
         print(f"demo: {e}\n  logs: {out / 'services'}", file=sys.stderr)
         return 1
-    from polar.report import write_report
+    from polar.report.cli import write_report
 
     page = write_report(out, out / "report.html")
     print(f"\n== report: {page} (open it in a browser; `polar report {out}` redraws it)")

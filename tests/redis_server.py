@@ -5,7 +5,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from polar.local_redis import private_redis
+from polar.run.local_redis import private_redis
 
 
 @contextmanager

@@ -47,7 +47,7 @@ def _broker(p: argparse.ArgumentParser) -> None:
 
 
 def _client(args: argparse.Namespace):
-    from polar.client import PolarClient
+    from workers.client import PolarClient
 
     return PolarClient(args.broker, args.sessions)
 

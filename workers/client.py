@@ -33,9 +33,9 @@ class PolarClient:
     def submit(self, tasks: str | Path, group_size: int = 4, min_groups: int | None = None,
                adapter: str | None = None, out: str | Path = "runs/batches", max_staleness: int | None = None,
                batch_id: str | None = None) -> "Batch":
-        """Queue `group_size` samples of every task in the tasks file (YAML or JSONL, polar.tasks)."""
-        from polar.adapters import load_adapter
-        from polar.tasks import load_tasks
+        """Queue `group_size` samples of every task in the tasks file (YAML or JSONL, polar.tasks.spec)."""
+        from polar.harness.adapters import load_adapter
+        from polar.tasks.spec import load_tasks
 
         tasks_file = Path(tasks).resolve()
         specs = load_tasks(tasks_file)

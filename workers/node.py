@@ -7,7 +7,7 @@ import contextlib
 import logging
 from pathlib import Path
 
-from polar.services import ProxyHandle, start_proxy
+from polar.run.services import ProxyHandle, start_proxy
 from workers.settings import WorkerSettings
 
 log = logging.getLogger(__name__)

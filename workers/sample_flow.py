@@ -1,4 +1,4 @@
-"""One sample's stages as plain functions over its folders, calling polar.sample's stages (the same code path as
+"""One sample's stages as plain functions over its folders, calling polar.run.sample's stages (the same code path as
 `polar run --task`). The Celery tasks in workers/stage_tasks.py are thin wrappers around these.
 
 Attempts: each prepare makes a fresh `samples/<sample_id>/attempt-<k>/` and abandons every earlier attempt that
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from polar.services import ProxyHandle
+from polar.run.services import ProxyHandle
 from workers.manifest import Manifest, sample_dir, write_json
 from workers.settings import WorkerSettings
 
@@ -54,15 +54,15 @@ def infra_failures(sdir: Path) -> int:
 
 
 def engine_config(settings: WorkerSettings):
-    from polar.runner import EngineConfig
+    from polar.run.session import EngineConfig
 
     return EngineConfig(settings.model_dir, backend=settings.engine_url, engine=settings.engine)
 
 
 def sample_config(manifest: Manifest, sample_id: str, settings: WorkerSettings, out: Path):
-    from polar.adapters import load_adapter
-    from polar.sample import SampleConfig
-    from polar.tasks import load_tasks
+    from polar.harness.adapters import load_adapter
+    from polar.run.sample import SampleConfig
+    from polar.tasks.spec import load_tasks
 
     entry = manifest.sample(sample_id)
     tasks = {t.task_id: t for t in load_tasks(manifest.tasks_file)}
@@ -78,7 +78,7 @@ def sample_config(manifest: Manifest, sample_id: str, settings: WorkerSettings, 
 
 def prepare(manifest: Manifest, sample_id: str, ctx: NodeContext) -> Path:
     """A fresh attempt, prepared (sandbox, workspace, session); returns its folder."""
-    from polar.sample import prepare_sample
+    from polar.run.sample import prepare_sample
 
     sdir = sample_dir(manifest, sample_id)
     for old in attempts(sdir):
@@ -91,7 +91,7 @@ def prepare(manifest: Manifest, sample_id: str, ctx: NodeContext) -> Path:
 
 def run(attempt: Path, node: str) -> bool:
     """The harness; False when this run was already started once (a redelivery: start the sample over)."""
-    from polar.sample import run_harness
+    from polar.run.sample import run_harness
 
     mark = attempt / RUN_MARK
     if mark.exists():
@@ -104,7 +104,7 @@ def run(attempt: Path, node: str) -> bool:
 
 def postrun(attempt: Path):
     """Evaluator, then the sample's Parquet part; returns its SampleResult."""
-    from polar.sample import evaluate_sample, postrun_sample
+    from polar.run.sample import evaluate_sample, postrun_sample
 
     evaluate_sample(attempt)
     return postrun_sample(attempt)
@@ -112,7 +112,7 @@ def postrun(attempt: Path):
 
 def stop(attempt: Path) -> None:
     """End an attempt that will not finish (cancel, early stop): postrun frees its session and sandbox."""
-    from polar.sample import postrun_sample
+    from polar.run.sample import postrun_sample
 
     if (attempt / "sample.json").exists():
         postrun_sample(attempt)
@@ -132,12 +132,12 @@ def cancellable() -> Iterator[None]:
 
 
 def abandon(attempt: Path, proxy: ProxyHandle, reason: str, kind: str) -> None:
-    """Mark an attempt abandoned: its session ends and its sandbox stops (polar.sample.cleanup_sample), its capture
+    """Mark an attempt abandoned: its session ends and its sandbox stops (polar.run.sample.cleanup_sample), its capture
     moves into the attempt folder, ABANDONED.json says why; nothing of it is trained on."""
     session = _session_of(attempt)
     moved = []
     if session:
-        from polar.sample import cleanup_sample
+        from polar.run.sample import cleanup_sample
 
         cleanup_sample(attempt)
         src = proxy.capture_dir / session["task_id"] / f"{session['session_id']}.jsonl"
@@ -150,7 +150,7 @@ def abandon(attempt: Path, proxy: ProxyHandle, reason: str, kind: str) -> None:
 
 
 def _session_of(attempt: Path) -> dict[str, str] | None:
-    """The attempt's session {task_id, session_id, token} from polar.sample's sample.json."""
+    """The attempt's session {task_id, session_id, token} from polar.run.sample's sample.json."""
     path = attempt / "sample.json"
     if not path.exists():
         return None

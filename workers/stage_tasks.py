@@ -11,7 +11,7 @@ import logging
 import redis
 from celery import Task
 
-from polar.services import ServiceError
+from polar.run.services import ServiceError
 from workers import batches, node, steps
 from workers.celery_app import app, settings
 from workers.sample_flow import NodeContext

@@ -13,10 +13,10 @@ from typing import Any, Mapping
 
 import yaml
 
-ADAPTERS_DIR = Path(__file__).resolve().parents[1] / "adapters"
+ADAPTERS_DIR = Path(__file__).resolve().parents[2] / "adapters"
 WAYS_IN = ("https_proxy", "base_url")
 APIS = ("openai_chat", "openai_responses", "anthropic", "gemini")
-# What a template may use; the runner fills them per run (polar/render.py).
+# What a template may use; the runner fills them per run (polar/harness/render.py).
 VARIABLES = frozenset({
     "instruction", "model", "home", "workspace", "api_key", "session_id",
     "base_url", "proxy_url", "ca_cert", "ca_bundle",

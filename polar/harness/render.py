@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from polar.adapters import TEMPLATE, AdapterSpec
+from polar.harness.adapters import TEMPLATE, AdapterSpec
 
 # Variables the harness environment never inherits from the caller: only what the run sets.
 BASE_ENV_KEYS = ("PATH", "LANG", "LC_ALL", "TZ", "USER", "LOGNAME")

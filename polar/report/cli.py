@@ -34,10 +34,10 @@ def default_out(source: Path) -> Path:
 
 def render_report(source: str | os.PathLike, tokenizer: str | os.PathLike | None = None,
                   max_token_views: int = DEFAULT_TOKEN_VIEWS) -> str:
-    from polar.report_data import load
-    from polar.report_page import page, token_payload, token_section
-    from polar.report_sections import SECTIONS, footer
-    from polar.report_tokens import load_decode
+    from polar.report.data import load
+    from polar.report.page import page, token_payload, token_section
+    from polar.report.sections import SECTIONS, footer
+    from polar.report.tokens import load_decode
 
     data = load(source, tokenizer)
     decode = load_decode(data.layout.tokenizer) if data.layout.tokenizer else None
@@ -67,7 +67,7 @@ def write_report(source: str | os.PathLike, out: str | os.PathLike, tokenizer: s
 
 
 def run(args: argparse.Namespace) -> int:
-    from polar.report_data import ReportError
+    from polar.report.data import ReportError
 
     if args.max_token_views < 0:
         print("polar report: --max-token-views must be >= 0", file=sys.stderr)

@@ -1,7 +1,7 @@
 """What `polar report` reads: a `polar run` folder, a batch folder, or a Parquet file / directory of parts.
 
 run folder:   run.json, captures/<task>/<session>.jsonl, trajectories.parquet, model/<name>/ (tokenizer)
-batch folder: trajectories/ (Parquet parts), sample result JSON files (polar.sample.SampleResult.to_dict(),
+batch folder: trajectories/ (Parquet parts), sample result JSON files (polar.run.sample.SampleResult.to_dict(),
               any `*result*.json` up to three folders deep), capture folders named `captures`, and an
               optional batch.json (engine, model, policy, wall_s, …)
 dataset:      a .parquet file or a directory of parts; no calls, no stage timings.

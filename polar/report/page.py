@@ -6,8 +6,8 @@ import json
 from html import escape
 from typing import Any
 
-from polar.report_data import ReportData
-from polar.report_tokens import Decode, mask_runs, piece_table
+from polar.report.data import ReportData
+from polar.report.tokens import Decode, mask_runs, piece_table
 
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,"DejaVu Sans",sans-serif;margin:0;background:#f4f5f7;color:#1d1f24}

@@ -9,8 +9,8 @@ from typing import Any, Iterable
 
 import pandas as pd
 
-from polar.report_data import ReportData
-from polar.report_svg import STATUS_COLORS, bars, histogram, scatter, stacked, strip
+from polar.report.data import ReportData
+from polar.report.svg import STATUS_COLORS, bars, histogram, scatter, stacked, strip
 
 STATUSES = ("completed", "timeout", "error")
 STAGES = ("prepare_s", "run_s", "evaluate_s", "postrun_s")

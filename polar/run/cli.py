@@ -8,9 +8,9 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from polar.adapters import WAYS_IN, AdapterError, available, load_adapter
-from polar.runtime import RUNTIMES
-from polar.services import ROOT, ProxyHandle
+from polar.harness.adapters import WAYS_IN, AdapterError, available, load_adapter
+from polar.sandbox.runtime import RUNTIMES
+from polar.run.services import ROOT, ProxyHandle
 
 DEFAULT_MODEL = ROOT / "fixtures" / "tiny-qwen2"
 
@@ -77,15 +77,15 @@ def reused_proxy(args: argparse.Namespace) -> ProxyHandle | None:
 
 def run(args: argparse.Namespace) -> int:
     if args.task is not None:
-        from polar.task_cli import run_task
+        from polar.run.task_cli import run_task
 
         return run_task(args)
     if not (args.adapter and args.instruction):
         print("polar run: --adapter and --instruction are required (or give --task FILE)", file=sys.stderr)
         return 2
-    from polar.runner import EngineConfig, RunConfig, run_session
-    from polar.runtime import SandboxError, resolve_runtime
-    from polar.services import ServiceError
+    from polar.run.session import EngineConfig, RunConfig, run_session
+    from polar.sandbox.runtime import SandboxError, resolve_runtime
+    from polar.run.services import ServiceError
 
     try:
         spec = load_adapter(args.adapter)

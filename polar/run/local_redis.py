@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from polar.services import ServiceError
+from polar.run.services import ServiceError
 from polar_mitm.launch import free_port, stop, wait_for_port
 
 

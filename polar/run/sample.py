@@ -26,13 +26,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from polar.adapters import AdapterSpec
-from polar.runner import (DEFAULT_CONFDIR, HARNESS_BIN, TOOLS_BIN, EngineConfig, HarnessSetup, capture_files,
+from polar.harness.adapters import AdapterSpec
+from polar.run.session import (DEFAULT_CONFDIR, HARNESS_BIN, TOOLS_BIN, EngineConfig, HarnessSetup, capture_files,
                           changed_since_start, exec_harness, render_harness, shared_dir,
                           start_services, write_ca)
-from polar.runtime import Mounts, Sandbox, get_runtime, resolve_runtime
-from polar.services import ProxyHandle, Session, new_session
-from polar.tasks import TaskSpec
+from polar.sandbox.runtime import Mounts, Sandbox, get_runtime, resolve_runtime
+from polar.run.services import ProxyHandle, Session, new_session
+from polar.tasks.spec import TaskSpec
 
 STATE = "sample.json"
 RESULT = "result.json"
@@ -206,8 +206,8 @@ def _session_left(state: dict[str, Any]) -> float:
 
 def evaluate_sample(sample_dir: Path) -> None:
     """The task's evaluator in the same sandbox; a crash is an infrastructure failure, not a reward."""
-    from polar.evaluate import EvaluatorCrash, evaluate
-    from polar.tasks import EvaluatorSpec
+    from polar.tasks.evaluate import EvaluatorCrash, evaluate
+    from polar.tasks.spec import EvaluatorSpec
 
     out = Path(sample_dir)
     state = _load(out)
@@ -382,7 +382,7 @@ def _term_as_exit() -> Iterator[None]:
 def _private_sessions(folder: Path, stack: ExitStack) -> str:
     """A private redis-server on a unix socket for this sample's proxy, so that the session carries its task id
     (open mode names every session's task `local`); open mode when redis-server is not installed."""
-    from polar.local_redis import private_redis
+    from polar.run.local_redis import private_redis
 
     if not shutil.which("redis-server"):
         return "open"

@@ -13,7 +13,7 @@ from typing import Iterator
 
 from polar_mitm.launch import PARENT_ENV, free_port, stop, wait_for_file, wait_for_port
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class ServiceError(RuntimeError):

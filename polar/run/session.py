@@ -24,12 +24,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from polar.adapters import AdapterSpec
-from polar.bridge import UnixToTcp
-from polar.render import Endpoint, Rendered, RunValues, redact, render, write_files
-from polar.run_summary import RunSummary, changed_files, snapshot, summarize
-from polar.runtime import ExecResult, Mounts, Sandbox, get_runtime
-from polar.services import ROOT, ProxyHandle, Session, context_view, new_session, reference_server, start_proxy
+from polar.harness.adapters import AdapterSpec
+from polar.sandbox.bridge import UnixToTcp
+from polar.harness.render import Endpoint, Rendered, RunValues, redact, render, write_files
+from polar.run.summary import RunSummary, changed_files, snapshot, summarize
+from polar.sandbox.runtime import ExecResult, Mounts, Sandbox, get_runtime
+from polar.run.services import ROOT, ProxyHandle, Session, context_view, new_session, reference_server, start_proxy
 
 TOOLS_BIN = ROOT / ".tools" / "npm" / "node_modules" / ".bin"
 HARNESS_BIN = ROOT / ".tools" / "bin"  # commands of harnesses in their own environments (Python venvs, OpenClaw)
@@ -53,7 +53,7 @@ class RunConfig:
     instruction: str
     out: Path
     way_in: str = "https_proxy"
-    runtime: str = "auto"  # the most isolated runtime installed; "local" only when asked (polar/runtime.py)
+    runtime: str = "auto"  # the most isolated runtime installed; "local" only when asked (polar/sandbox/runtime.py)
     timeout_s: float = 600.0
     model: str | None = None  # model name the harness asks for; default: the adapter's
     workdir: Path | None = None  # copied into the workspace first

@@ -1,4 +1,4 @@
-"""`polar run --task FILE [--task-id ID]`: one scored sample of a task (polar.sample.run_sample), printed as the
+"""`polar run --task FILE [--task-id ID]`: one scored sample of a task (polar.run.sample.run_sample), printed as the
 run summary plus status, reward and the evaluator's output; trajectories.parquet in the sample folder."""
 from __future__ import annotations
 
@@ -9,16 +9,16 @@ import time
 import uuid
 from pathlib import Path
 
-from polar.adapters import AdapterError, load_adapter
-from polar.sample import SampleResult
+from polar.harness.adapters import AdapterError, load_adapter
+from polar.run.sample import SampleResult
 
 
 def run_task(args: argparse.Namespace) -> int:
-    from polar.run_cli import reused_proxy
-    from polar.runner import EngineConfig
-    from polar.sample import SampleConfig, run_sample
-    from polar.services import ServiceError
-    from polar.tasks import TaskError, load_tasks, select_task
+    from polar.run.cli import reused_proxy
+    from polar.run.session import EngineConfig
+    from polar.run.sample import SampleConfig, run_sample
+    from polar.run.services import ServiceError
+    from polar.tasks.spec import TaskError, load_tasks, select_task
 
     if args.instruction or args.workdir:
         print("polar run: --instruction and --workdir come from the task file with --task", file=sys.stderr)

@@ -2,10 +2,10 @@
 
 `prepare(mounts, image=…)` starts one instance (spython `Client.instance`) with `--containall --no-home --net
 --network none` (a network namespace holding only loopback), the sample's HOME, workspace and shared folder bound
-writable at the same paths, and read-only: the harness CLIs (.tools/npm), the host's node and polar/bridge.py.
+writable at the same paths, and read-only: the harness CLIs (.tools/npm), the host's node and polar/sandbox/bridge.py.
 `exec` runs a command in that instance (`apptainer exec instance://NAME`) in its own process group, output to
 files, with our own timeout (spython's execute has none); `stop` stops the instance (spython). The proxy is
-reached as in bwrap: unix sockets in the shared folder and the stdlib-only forwarder polar/bridge.py, run by the
+reached as in bwrap: unix sockets in the shared folder and the stdlib-only forwarder polar/sandbox/bridge.py, run by the
 image's own python3. The instance is named, so a later stage in another process reattaches with `attach`.
 
 Rootless (an unprivileged user) uses user namespaces; a SIF needs /dev/fuse then, so use a sandbox directory.
@@ -22,9 +22,9 @@ import uuid
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from polar import bridge
-from polar.limits import DEFAULT_LIMITS, Limits
-from polar.runtime import PROJECT_ROOT, ExecResult, Mounts, SandboxError, _copy, bridged, run_group
+from polar.sandbox import bridge
+from polar.sandbox.limits import DEFAULT_LIMITS, Limits
+from polar.sandbox.runtime import PROJECT_ROOT, ExecResult, Mounts, SandboxError, _copy, bridged, run_group
 
 APPTAINER_DIR = PROJECT_ROOT / ".tools" / "apptainer" / "usr" / "bin"
 NPM_DIR = PROJECT_ROOT / ".tools" / "npm"

@@ -1,7 +1,7 @@
 """Reach the proxy from a network namespace with nothing but loopback (DESIGN.md §6).
 
 A unix socket on the filesystem crosses network namespaces; TCP does not. Outside, `UnixToTcp` listens on a
-socket file and connects each client to the proxy's TCP port. Inside, `python -m polar.bridge` listens on
+socket file and connects each client to the proxy's TCP port. Inside, `python -m polar.sandbox.bridge` listens on
 127.0.0.1:PORT (the same port numbers, so URLs read the same), connects each client to the socket file, and
 runs the harness command once its listeners are up; it exits with the harness's status.
 """
@@ -106,7 +106,7 @@ def parse_forward(spec: str) -> tuple[int, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m polar.bridge", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m polar.sandbox.bridge", description=__doc__)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--forward", action="append", type=parse_forward, default=[], help="PORT=/path/to/socket")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- the command to run")

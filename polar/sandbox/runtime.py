@@ -1,6 +1,6 @@
 """Runtimes: where a harness runs. A small protocol (prepare, exec, copy in/out, stop). Every runtime gives the
 harness a network namespace holding only loopback (DESIGN.md §6) and a pid namespace, bounds its memory and
-processes (polar/limits.py; wall time is exec's timeout) and reaps whatever it leaves behind.
+processes (polar/sandbox/limits.py; wall time is exec's timeout) and reaps whatever it leaves behind.
 
   auto   the default: the most isolated runtime installed (apptainer for a task that names an image, else bwrap)
   bwrap  bubblewrap in its own user namespace: a minimal read-only view of the host (system directories, a few
@@ -11,7 +11,7 @@ processes (polar/limits.py; wall time is exec's timeout) and reaps whatever it l
          and write; it says so in one warning line
 
 Either way the proxy is reached through unix sockets visible in the sandbox and the in-sandbox TCP forwarder of
-polar/bridge.py, which listens on the same port numbers as the proxy on the host.
+polar/sandbox/bridge.py, which listens on the same port numbers as the proxy on the host.
 """
 from __future__ import annotations
 
@@ -26,16 +26,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Protocol, Sequence
 
-from polar import bridge
-from polar.limits import DEFAULT_LIMITS, Limits, make_cgroup, rlimit_wrap
+from polar.sandbox import bridge
+from polar.sandbox.limits import DEFAULT_LIMITS, Limits, make_cgroup, rlimit_wrap
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 # name -> "module:Class" (constructed with no argument, or limits=…); a runtime registers with one line here.
 REGISTRY: dict[str, str] = {
-    "local": "polar.runtime:LocalRuntime",
-    "bwrap": "polar.runtime:BwrapRuntime",
-    "apptainer": "polar.runtime_apptainer:ApptainerRuntime",
+    "local": "polar.sandbox.runtime:LocalRuntime",
+    "bwrap": "polar.sandbox.runtime:BwrapRuntime",
+    "apptainer": "polar.sandbox.apptainer:ApptainerRuntime",
 }
 RUNTIMES = ("auto", *REGISTRY)
 LOCAL_WARNING = ("polar: runtime local: the harness runs on the host filesystem and can read and write the "

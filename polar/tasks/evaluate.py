@@ -1,11 +1,11 @@
-"""Evaluators: turn a finished sample into a reward (spec: polar/tasks.py EvaluatorSpec, docs/tasks.md).
+"""Evaluators: turn a finished sample into a reward (spec: polar/tasks/spec.py EvaluatorSpec, docs/tasks.md).
 
   command  a shell line run in the sample's own sandbox, in its workspace, after the harness exited, with its
            own timeout: reward 1.0 for exit 0 else 0.0, or the float on the last line of stdout (`reward:
            stdout`) or in the workspace file `reward_file` (`reward: file`)
   files    expected paths (relative to the workspace) and contents (null: must exist): 1.0 when all match
   python   `module:function(workspace: Path, summary: dict)` -> float or {"reward": float, "output": str},
-           run on the host in a child process (`python -m polar.evaluate`) with the timeout
+           run on the host in a child process (`python -m polar.tasks.evaluate`) with the timeout
 
 An evaluator that cannot give a reward (timed out, command not found, no reward where one was asked for, an
 exception) raises EvaluatorCrash: the sample is then an infrastructure error, not a zero reward.
@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from polar.runtime import Mounts, Sandbox, run_group
-from polar.tasks import EvaluatorSpec
+from polar.sandbox.runtime import Mounts, Sandbox, run_group
+from polar.tasks.spec import EvaluatorSpec
 
 OUTPUT_LIMIT = 20000  # characters of evaluator output kept
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -105,7 +105,7 @@ def _python(spec: EvaluatorSpec, mounts: Mounts, out: Path, summary: dict[str, A
     summary_file.write_text(json.dumps(summary, indent=2))
     result_file.unlink(missing_ok=True)
     stdout, stderr = out / "evaluator.stdout", out / "evaluator.stderr"
-    cmd = [sys.executable, "-m", "polar.evaluate", spec.python or "", str(mounts.workspace), str(summary_file),
+    cmd = [sys.executable, "-m", "polar.tasks.evaluate", spec.python or "", str(mounts.workspace), str(summary_file),
            str(result_file)]
     import os
 
@@ -127,7 +127,7 @@ def _read(path: Path) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Child process of the python evaluator: import, call, write {"reward", "output"} as JSON."""
-    p = argparse.ArgumentParser(prog="python -m polar.evaluate")
+    p = argparse.ArgumentParser(prog="python -m polar.tasks.evaluate")
     p.add_argument("target")
     p.add_argument("workspace", type=Path)
     p.add_argument("summary", type=Path)

@@ -40,7 +40,7 @@ class TaskError(ValueError):
 
 @dataclass(frozen=True)
 class EvaluatorSpec:
-    """How a finished sample is scored (polar/evaluate.py)."""
+    """How a finished sample is scored (polar/tasks/evaluate.py)."""
 
     kind: str  # command | files | python
     command: str | None = None  # kind command: a shell line, run in the sandbox's workspace

@@ -10,8 +10,8 @@ from typing import Iterator
 
 import pytest
 
-from polar.runner import TOOLS_BIN
-from polar.services import context_view
+from polar.run.session import TOOLS_BIN
+from polar.run.services import context_view
 
 ROOT = Path(__file__).resolve().parents[2]
 # Harness prompts are 3k-36k tokens of the tiny model's byte-level BPE; its config says 4096.

@@ -44,7 +44,7 @@ def test_proxy_model_and_workers_load_without_torch(no_torch_env, tiny_model_dir
     code = (f"from polar_mitm.model import load_model\n"
             f"m = load_model({str(tiny_model_dir)!r}, 'hermes', 'think')\n"
             f"print(len(m.tokenizer.encode('hello polar')))\n"
-            f"import polar_mitm.addon, polar_traj.pipeline, polar.report, workers\n"
+            f"import polar_mitm.addon, polar_traj.pipeline, polar.report.cli, workers\n"
             f"from workers.celery_app import app\n"
             f"import sys; print(any(k.startswith('torch.') for k in sys.modules))")
     done = python(code, no_torch_env)

@@ -22,8 +22,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from polar.client import PolarClient
-from polar.services import context_view
+from workers.client import PolarClient
+from polar.run.services import context_view
 from polar_traj.reading import SessionFile, read_session
 from tests.prompt_oracle import assert_prompt_faithful
 from tests.workers.cluster import Node, node_env, spawn_node, wait_ready

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 import yaml
 
-from polar.adapters import ADAPTERS_DIR, AdapterError, adapter_path, available, load_adapter, parse_adapter
+from polar.harness.adapters import ADAPTERS_DIR, AdapterError, adapter_path, available, load_adapter, parse_adapter
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SIX = ["claude-code", "codex", "gemini-cli", "opencode", "pi", "qwen-code"]
 
 

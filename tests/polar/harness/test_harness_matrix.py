@@ -18,9 +18,9 @@ import httpx
 import pytest
 from transformers import AutoTokenizer
 
-from polar.adapters import WAYS_IN, AdapterSpec, available, load_adapter
-from polar.runner import EngineConfig, RunConfig, RunResult, run_session
-from polar.services import start_proxy
+from polar.harness.adapters import WAYS_IN, AdapterSpec, available, load_adapter
+from polar.run.session import EngineConfig, RunConfig, RunResult, run_session
+from polar.run.services import start_proxy
 from polar_traj import read as read_trajectories
 from polar_traj.messages import conversation_messages
 from tests.prompt_oracle import assert_prompt_faithful

@@ -20,15 +20,15 @@ from typing import Any
 import pytest
 from transformers import AutoTokenizer
 
-from polar.adapters import WAYS_IN, AdapterError, available, load_adapter, parse_adapter
-from polar.runner import HARNESS_BIN, RunConfig
-from polar.services import start_proxy
+from polar.harness.adapters import WAYS_IN, AdapterError, available, load_adapter, parse_adapter
+from polar.run.session import HARNESS_BIN, RunConfig
+from polar.run.services import start_proxy
 from polar_traj.messages import conversation_messages
-from tests.polar.test_harness_matrix import (
+from tests.polar.harness.test_harness_matrix import (
     MatrixRun, _check_agent_trajectory, _check_tokens_exact, check_run, one_run,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 INSTALLER = ROOT / "scripts" / "install_python_harnesses.sh"
 OPENCLAW_PACKAGE = ROOT / "scripts" / "harnesses" / "openclaw" / "package.json"
 WRITE = "echo polar > polar.txt"

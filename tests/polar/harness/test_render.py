@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from polar.adapters import load_adapter, parse_adapter
-from polar.render import Endpoint, RunValues, fill, redact, render, write_files
+from polar.harness.adapters import load_adapter, parse_adapter
+from polar.harness.render import Endpoint, RunValues, fill, redact, render, write_files
 
 ENDPOINT = Endpoint("127.0.0.1", 18080, 18081, Path("/s/ca.pem"), Path("/s/bundle.pem"))
 

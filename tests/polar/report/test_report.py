@@ -18,15 +18,15 @@ import pyarrow.parquet as pq
 import pytest
 
 from polar.cli import build_parser
-from polar.report import write_report
-from polar.report_data import ReportError, locate
-from polar.report_tokens import mask_runs, terminal_lines
+from polar.report.cli import write_report
+from polar.report.data import ReportError, locate
+from polar.report.tokens import mask_runs, terminal_lines
 from polar_traj.build import BuildConfig
 from polar_traj.outcomes import parse_outcomes
 from polar_traj.pipeline import Selection, build_parquet
 from polar_traj.records import CallRecord, append_record
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SECTIONS = ("header", "status", "rewards", "groups", "calls", "trainer-tokens", "chains", "stages", "samples",
             "trajectory")
 BATCH_PLOTS = ("status", "reward-task", "reward-harness", "group-reward", "group-advantage", "latency",

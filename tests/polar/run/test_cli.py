@@ -12,10 +12,10 @@ import pytest
 import yaml
 
 from polar.cli import build_parser
-from polar.run_cli import reused_proxy
+from polar.run.cli import reused_proxy
 from polar_traj import read as read_trajectories
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 CRASHER = """
 import json, os, sys, urllib.request

@@ -1,4 +1,4 @@
-"""Scored samples end to end (polar/sample.py, issue 9): the three demo tasks with two real harnesses (codex and
+"""Scored samples end to end (polar/run/sample.py, issue 9): the three demo tasks with two real harnesses (codex and
 the node CLI pi) in real Apptainer through the real proxy and reference server; a policy that does not fix the
 bug (through `polar run --task`); an agent timeout; a missing image; a crashing evaluator; a rootless run as
 `nobody`. Each checks the status, reward and weight of the result and of the trajectory rows in Parquet."""
@@ -19,17 +19,17 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from polar.adapters import load_adapter
-from polar.runner import EngineConfig
-from polar.sample import SampleConfig, SampleResult, run_sample
-from polar.services import start_proxy
-from polar.tasks import EvaluatorSpec, load_tasks
+from polar.harness.adapters import load_adapter
+from polar.run.session import EngineConfig
+from polar.run.sample import SampleConfig, SampleResult, run_sample
+from polar.run.services import start_proxy
+from polar.tasks.spec import EvaluatorSpec, load_tasks
 from polar_traj import read as read_trajectories
-from tests.polar.test_runtime_apptainer import apptainer_bin, demo_image
+from tests.polar.sandbox.test_apptainer import apptainer_bin, demo_image
 from tests.prompt_oracle import assert_prompt_faithful
 
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DEMO = ROOT / "fixtures" / "tasks" / "tasks.yaml"
 HARNESSES = ("codex", "pi")
 WORKERS = 3
@@ -49,7 +49,7 @@ def fixed(tmp_path_factory, start_reference_server, policies_dir, long_model, re
     tmp = tmp_path_factory.mktemp("samples")
     tasks = load_tasks(DEMO)
     crash = dataclasses.replace(tasks[0], task_id="fix-calc-crash",
-                                evaluator=EvaluatorSpec("python", python="tests.polar.task_evaluators:crash"))
+                                evaluator=EvaluatorSpec("python", python="tests.polar.tasks.task_evaluators:crash"))
     no_image = dataclasses.replace(tasks[1], task_id="fix-greet-no-image", image=str(tmp / "no-such-image"))
     configs = {(t.task_id, a): sample(t, a, tmp) for t in tasks for a in HARNESSES}
     configs[("crash", "pi")] = sample(crash, "pi", tmp)
@@ -195,15 +195,15 @@ def test_rootless_as_nobody(policies_dir, tiny_model_dir) -> None:
 def test_stages_run_in_separate_processes(tmp_path, long_model) -> None:
     """Each stage reads the sample's state from its folder: here every stage is its own process (no harness
     runs: the image is missing, so the sample fails in prepare and the later stages carry that through)."""
-    from polar.sample import prepare_sample
-    from polar.services import ProxyHandle
+    from polar.run.sample import prepare_sample
+    from polar.run.services import ProxyHandle
 
     task = dataclasses.replace(load_tasks(DEMO)[0], image=str(tmp_path / "gone.sif"))
     cfg = sample(task, "pi", tmp_path)
     proxy = ProxyHandle("127.0.0.1", 9, 9, tmp_path / "ca.pem", tmp_path / "captures", "open")
     folder = prepare_sample(cfg, EngineConfig(long_model, backend="http://127.0.0.1:9"), proxy)
     for stage in ("run_harness", "evaluate_sample", "postrun_sample"):
-        code = f"import sys; from pathlib import Path; from polar.sample import {stage}; {stage}(Path(sys.argv[1]))"
+        code = f"import sys; from pathlib import Path; from polar.run.sample import {stage}; {stage}(Path(sys.argv[1]))"
         proc = subprocess.run([sys.executable, "-c", code, str(folder)], cwd=ROOT, capture_output=True, text=True)
         assert proc.returncode == 0, proc.stderr
     result = SampleResult.from_dict(json.loads((folder / "result.json").read_text()))

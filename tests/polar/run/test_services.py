@@ -6,7 +6,7 @@ from pathlib import Path
 
 import redis
 
-from polar.services import ProxyHandle, context_view, new_session
+from polar.run.services import ProxyHandle, context_view, new_session
 from polar_mitm.sessions import REDIS_PREFIX
 
 
@@ -47,7 +47,7 @@ def test_a_killed_parent_leaves_no_proxy_behind(tmp_path, tiny_model_dir):
     script = (
         "import sys, time\n"
         "from pathlib import Path\n"
-        "from polar.services import start_proxy\n"
+        "from polar.run.services import start_proxy\n"
         f"t = Path({str(tmp_path)!r})\n"
         f"with start_proxy(Path({str(tiny_model_dir)!r}), 'http://127.0.0.1:9', t / 'cap', t / 'conf', t / 'proxy.log'):\n"
         "    print('ready', flush=True)\n"

@@ -1,7 +1,7 @@
 """Workspace snapshots and the file-change report of a run."""
 from __future__ import annotations
 
-from polar.run_summary import RunSummary, changed_files, outcome_entries, snapshot
+from polar.run.summary import RunSummary, changed_files, outcome_entries, snapshot
 
 
 def test_snapshot_and_changes(tmp_path):

@@ -1,4 +1,4 @@
-"""The Apptainer runtime (polar/runtime_apptainer.py) on the demo image that `make setup` builds: only loopback
+"""The Apptainer runtime (polar/sandbox/apptainer.py) on the demo image that `make setup` builds: only loopback
 inside, the proxy reachable through a socket bridge and nothing else, host files outside the binds invisible, a
 timeout stops the command, stop ends the instance, a missing image is named."""
 from __future__ import annotations
@@ -13,11 +13,11 @@ from typing import Iterator
 
 import pytest
 
-from polar.bridge import UnixToTcp
-from polar.runtime import Mounts, SandboxError, get_runtime
-from polar.runtime_apptainer import ApptainerSandbox, apptainer_bin
+from polar.sandbox.bridge import UnixToTcp
+from polar.sandbox.runtime import Mounts, SandboxError, get_runtime
+from polar.sandbox.apptainer import ApptainerSandbox, apptainer_bin
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 IMAGE = ROOT / ".cache" / "images" / "polar-tasks" / "rootfs"
 
 PROBE = r"""

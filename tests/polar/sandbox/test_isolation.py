@@ -19,14 +19,14 @@ import httpx
 import pytest
 import yaml
 
-from polar import limits as limits_mod
-from polar import runtime as runtime_mod
-from polar.adapters import load_adapter
-from polar.limits import Limits
-from polar.runner import EngineConfig, RunConfig, run_session
-from polar.runtime import (LOCAL_WARNING, REGISTRY, BwrapRuntime, Mounts, get_runtime, resolve_runtime)
+from polar.sandbox import limits as limits_mod
+from polar.sandbox import runtime as runtime_mod
+from polar.harness.adapters import load_adapter
+from polar.sandbox.limits import Limits
+from polar.run.session import EngineConfig, RunConfig, run_session
+from polar.sandbox.runtime import (LOCAL_WARNING, REGISTRY, BwrapRuntime, Mounts, get_runtime, resolve_runtime)
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 POLICY = ROOT / "fixtures" / "policies" / "escape-attempts.yaml"
 ISOLATED = ["bwrap", "apptainer"]  # every runtime that claims isolation
 IMAGE = ROOT / ".cache" / "images" / "polar-tasks" / "rootfs"  # the demo tasks' image (make setup builds it)

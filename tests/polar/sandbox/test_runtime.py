@@ -8,8 +8,8 @@ import threading
 
 import pytest
 
-from polar.bridge import UnixToTcp
-from polar.runtime import REGISTRY, Mounts, get_runtime
+from polar.sandbox.bridge import UnixToTcp
+from polar.sandbox.runtime import REGISTRY, Mounts, get_runtime
 
 RUNTIMES = [r for r in REGISTRY if r != "apptainer"]  # apptainer needs an image: its own tests
 

@@ -1,4 +1,4 @@
-"""Evaluators (polar/evaluate.py) in a real Apptainer sandbox of the demo image: exit status, stdout and file
+"""Evaluators (polar/tasks/evaluate.py) in a real Apptainer sandbox of the demo image: exit status, stdout and file
 rewards, expected files, python verifiers; whatever cannot give a reward raises EvaluatorCrash."""
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from typing import Iterator
 
 import pytest
 
-from polar.evaluate import EvaluatorCrash, evaluate
-from polar.runtime import Mounts, get_runtime
-from polar.tasks import EvaluatorSpec
-from tests.polar.test_runtime_apptainer import demo_image
+from polar.tasks.evaluate import EvaluatorCrash, evaluate
+from polar.sandbox.runtime import Mounts, get_runtime
+from polar.tasks.spec import EvaluatorSpec
+from tests.polar.sandbox.test_apptainer import demo_image
 
 SUMMARY = {"task_id": "t1", "exit_code": 0}
 
@@ -54,7 +54,7 @@ def test_reward_from_stdout_and_file(box, tmp_path) -> None:
     (EvaluatorSpec("command", command="echo not-a-number", reward="stdout"), "not a number"),
     (EvaluatorSpec("command", command="true", reward="file", reward_file="none.txt"), "no reward file none.txt"),
     (EvaluatorSpec("command", command="no-such-verifier --run"), "could not run"),
-    (EvaluatorSpec("python", python="tests.polar.task_evaluators:crash"), "the verifier itself is broken"),
+    (EvaluatorSpec("python", python="tests.polar.tasks.task_evaluators:crash"), "the verifier itself is broken"),
     (EvaluatorSpec("python", python="tests.polar.no_such_module:score"), "No module named"),
 ])
 def test_crashes(box, tmp_path, spec: EvaluatorSpec, message: str) -> None:
@@ -76,5 +76,5 @@ def test_expected_files(box, tmp_path) -> None:
 
 
 def test_python_verifier_gets_workspace_and_summary(box, tmp_path) -> None:
-    result = score(box, EvaluatorSpec("python", python="tests.polar.task_evaluators:half"), tmp_path)
+    result = score(box, EvaluatorSpec("python", python="tests.polar.tasks.task_evaluators:half"), tmp_path)
     assert result.reward == 0.5 and "'answer.txt'" in result.output and result.output.endswith(" t1")

@@ -1,13 +1,13 @@
-"""Task files (polar/tasks.py): the demo tasks load; every malformed field is one line naming file, line, field."""
+"""Task files (polar/tasks/spec.py): the demo tasks load; every malformed field is one line naming file, line, field."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
 
-from polar.tasks import TaskError, load_tasks, select_task
+from polar.tasks.spec import TaskError, load_tasks, select_task
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DEMO = ROOT / "fixtures" / "tasks" / "tasks.yaml"
 
 GOOD = """\
@@ -34,7 +34,7 @@ def test_demo_tasks_load() -> None:
 
 
 def test_round_trip_through_json(tmp_path: Path) -> None:
-    from polar.tasks import TaskSpec
+    from polar.tasks.spec import TaskSpec
 
     for task in load_tasks(DEMO):
         assert TaskSpec.from_dict(task.to_dict()) == task
