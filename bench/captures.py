@@ -25,7 +25,8 @@ import numpy as np  # noqa: E402
 import orjson  # noqa: E402
 
 from polar_traj.captures import CaptureWriter  # noqa: E402
-from polar_traj.records import CallRecord, read_capture  # noqa: E402
+from polar_traj.capture_reader import read_capture  # noqa: E402
+from polar_traj.records import CallRecord  # noqa: E402
 
 SYSTEM, TASK, OUTPUT, TOOL, EOT = 1500, 200, 150, 400, 2
 TURNS = (10, 50, 100)

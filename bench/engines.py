@@ -25,7 +25,7 @@ import httpx  # noqa: E402
 
 from polar_mitm.launch import start_proxy, stop  # noqa: E402
 from polar_serve.launch import reference_server  # noqa: E402
-from polar_traj.records import read_capture  # noqa: E402
+from polar_traj.capture_reader import read_capture  # noqa: E402
 
 MODEL = ROOT / "fixtures" / "tiny-qwen2"
 POLICY = ROOT / "fixtures" / "policies" / "plain-answer.yaml"  # a short reply: the prompt is what grows

@@ -90,7 +90,7 @@ def measure(capture: str, strategy: str, out: str, queue: mp.Queue, src: str | N
 
 def to_linear(capture: Path, out: Path) -> None:
     from polar_traj.captures import CaptureWriter
-    from polar_traj.records import read_capture
+    from polar_traj.capture_reader import read_capture
 
     writer = CaptureWriter(out, fsync=False)
     for path in sorted(capture.rglob("*.jsonl")):

@@ -6,7 +6,7 @@ import os
 import re
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 APIS = ("openai_chat", "openai_responses", "anthropic", "gemini")
 # task and session ids become folder and file names: one safe shape, checked wherever an id enters.
@@ -100,14 +100,3 @@ def append_record(capture_dir: str | os.PathLike, record: CallRecord) -> Path:
         f.flush()
         os.fsync(f.fileno())
     return path
-
-
-def read_capture(path: str | os.PathLike) -> Iterator[CallRecord]:
-    """Full CallRecords of one capture file, either format (docs/captures.md): a linear line's prompt_ids
-    and request are rebuilt exactly from the earlier lines it refers to. A torn last line is skipped."""
-    from .capture_reader import read_capture as read  # capture_reader.py builds on this module
-
-    return read(path)
-
-
-iter_records = read_capture  # the name older callers use

@@ -301,9 +301,9 @@ def _outcome(state: dict[str, Any], files: list[Path]) -> tuple[str, str | None,
 
 def _engine_unreachable(files: list[Path]) -> str | None:
     """A reason when every call the harness made failed (the engine was unreachable or refused them all)."""
-    from polar_traj.records import iter_records
+    from polar_traj.capture_reader import read_capture
 
-    errors = [r.error for f in files for r in iter_records(f)]
+    errors = [r.error for f in files for r in read_capture(f)]
     if errors and all(e is not None for e in errors):
         return f"every LLM call failed ({len(errors)}): {str(errors[-1])[:300]}"
     return None

@@ -60,11 +60,11 @@ def changed_files(before: dict[str, str], after: dict[str, str]) -> dict[str, li
 
 
 def _count_calls(files: list[Path], summary: RunSummary) -> None:
-    from polar_traj.records import iter_records
+    from polar_traj.capture_reader import read_capture
 
     for f in files:
         summary.sessions.append(f.stem)
-        for r in iter_records(f):
+        for r in read_capture(f):
             summary.calls += 1
             summary.error_calls += r.error is not None
             summary.prompt_tokens += len(r.prompt_ids)

@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 from polar_traj.captures import CaptureWriter
 from polar_traj.reading import read_session, scan
-from polar_traj.records import append_record, read_capture
+from polar_traj.capture_reader import read_capture
+from polar_traj.records import append_record
 
 SYSTEM = "You are a coding agent. Follow the rules. " * 40
 TOOLS = [{"type": "function", "function": {"name": f"tool{i}", "description": "d" * 300,
