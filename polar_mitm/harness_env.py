@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from polar_traj import atomic
+
 SYSTEM_CA_FILES = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt")
 
 
@@ -10,10 +12,7 @@ def write_ca_bundle(ca: Path, out: Path) -> Path:
     """System CAs + the proxy CA: SSL_CERT_FILE replaces the trust store for some clients (codex)."""
     parts = [Path(p).read_text() for p in SYSTEM_CA_FILES if Path(p).exists()][:1]
     parts.append(ca.read_text())
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text("\n".join(parts))
-    tmp.replace(out)
-    return out
+    return atomic.write_text(out, "\n".join(parts))
 
 
 def harness_env(host: str, proxy_port: int, base_url_port: int, ca: Path, bundle: Path,

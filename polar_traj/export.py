@@ -25,6 +25,7 @@ from typing import Any, Iterator
 import numpy as np
 import pyarrow as pa
 
+from . import atomic
 from .messages import conversation_messages
 
 FORMATS = ("slime", "verl", "sft")
@@ -130,10 +131,8 @@ def write_export(table: pa.Table, fmt: str, out: str | os.PathLike, pad_token_id
     if fmt not in FORMATS:
         raise ValueError(f"format {fmt!r}: expected one of {FORMATS}")
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     written = skipped = 0
-    try:
+    with atomic.replacing(out) as tmp:
         if fmt == "verl":
             with open(tmp, "wb") as f:
                 np.savez_compressed(f, **verl_batch(table, pad_token_id))
@@ -146,7 +145,4 @@ def write_export(table: pa.Table, fmt: str, out: str | os.PathLike, pad_token_id
                         continue
                     f.write(json.dumps(item, ensure_ascii=False) + "\n")
                     written += 1
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
     return ExportResult(out, written, skipped)

@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from . import atomic
 from .schema import STATS_KEY, TOKEN_COLUMNS, TRAJECTORY_SCHEMA, check_version
 
 _NUMPY = {pa.int32(): np.int32, pa.int8(): np.int8, pa.float32(): np.float32}
@@ -66,7 +67,7 @@ class TrajectoryWriter:
 
     def __enter__(self) -> "TrajectoryWriter":
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+        self._tmp = atomic.temp_beside(self.path)
         self._writer = pq.ParquetWriter(self._tmp, TRAJECTORY_SCHEMA, compression=self.compression)
         return self
 

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from polar_traj import atomic
 from polar_traj.records import check_id
 
 MAX_GROUP_ID = 120  # + ".<k>" stays within the 128 characters of an id
@@ -110,10 +111,7 @@ def read_manifest(path: str | os.PathLike) -> Manifest:
 
 def write_json(path: Path, data: Any) -> None:
     """Whole or not at all: a temp name in the same folder, renamed."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=2))
-    os.replace(tmp, path)
+    atomic.write_text(path, json.dumps(data, indent=2))
 
 
 def sample_dir(manifest: Manifest, sample_id: str) -> Path:

@@ -10,8 +10,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 from pathlib import Path
+
+from polar_traj import atomic
 
 DEFAULT_TOKEN_VIEWS = 200
 
@@ -52,18 +53,7 @@ def write_report(source: str | os.PathLike, out: str | os.PathLike, tokenizer: s
                  max_token_views: int = DEFAULT_TOKEN_VIEWS) -> Path:
     """Render and write atomically (temp name in the same folder, then rename)."""
     html = render_report(source, tokenizer, max_token_views)
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(html)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, out)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return out
+    return atomic.write_text(out, html, mode=0o644)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+from polar_traj import atomic
 from polar_mitm.launch import PARENT_ENV, free_port, stop, wait_for_file, wait_for_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -62,9 +63,7 @@ def context_view(model_dir: Path, context_length: int, dest: Path) -> Path:
         if item.name != "config.json" and not (view / item.name).exists():
             (view / item.name).symlink_to(item.resolve())
     config["max_position_embeddings"] = context_length
-    tmp = view / "config.json.tmp"
-    tmp.write_text(json.dumps(config, indent=2))
-    tmp.replace(view / "config.json")
+    atomic.write_text(view / "config.json", json.dumps(config, indent=2))
     return view
 
 

@@ -1,0 +1,38 @@
+"""Files that appear whole or not at all: write to a temporary name beside the target, rename when done.
+
+One home for the pattern every writer of Polar uses (Parquet parts, exports, sample state, manifests, reports),
+so a reader never takes a partial file for whole, whoever is killed mid-write."""
+from __future__ import annotations
+
+import os
+import uuid
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+
+def temp_beside(path: Path) -> Path:
+    """A hidden name in the target's folder (same filesystem, so the rename is atomic), unique per writer."""
+    return path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+
+
+@contextmanager
+def replacing(path: str | os.PathLike, mode: int | None = None) -> Iterator[Path]:
+    """Yield a temporary path to write; it replaces `path` when the block ends cleanly, else it is removed."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temp_beside(path)
+    try:
+        yield tmp
+        if mode is not None:
+            os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_text(path: str | os.PathLike, text: str, mode: int | None = None) -> Path:
+    """Write `text` to `path` atomically; returns the path."""
+    with replacing(path, mode) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+    return Path(path)
