@@ -128,7 +128,7 @@ class Polar:
         try:
             call = flow.metadata.get("polar_call") or self._orphan_call(flow)
             if call is not None:
-                flow.response = self.router.fail(call, ProviderError(500, message, "api_error"))
+                flow.response = self.router.dispatch.fail(call, ProviderError(500, message, "api_error"))
                 return
         except Exception:
             log.exception("polar: recording the refused call failed")

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from typing import TYPE_CHECKING
 
 import aiohttp
 from aiohttp import web
@@ -17,12 +16,10 @@ from mitmproxy import http
 from polar_mitm.call import Call
 from polar_mitm.capture import CaptureError
 from polar_mitm.conversation import ProviderError
+from polar_mitm.dispatch import Dispatcher
 from polar_mitm.engine_client import EngineFailure, chunks, engine_json, engine_refused
 from polar_mitm.engines import Replica
 from polar_mitm.streaming import StreamTranslator
-
-if TYPE_CHECKING:
-    from polar_mitm.router import Router
 
 log = logging.getLogger(__name__)
 SECRET_HEADER = "x-polar-relay"
@@ -31,8 +28,8 @@ KEEP_HEADERS = ("content-type", "cache-control", "transfer-encoding", "content-l
 
 
 class StreamRelay:
-    def __init__(self, router: "Router") -> None:
-        self.router = router
+    def __init__(self, dispatch: Dispatcher) -> None:
+        self.dispatch = dispatch
         self.secret = secrets.token_urlsafe(24)
         self.pending: dict[str, Call] = {}
         self.address: tuple[str, int] | None = None
@@ -82,12 +79,12 @@ class StreamRelay:
             return self._error(call, ProviderError(500, f"polar: internal error ({type(e).__name__})", "api_error"))
 
     def _error(self, call: Call, e: ProviderError) -> web.Response:
-        answer = self.router.fail(call, e)  # records the call unless it already was
+        answer = self.dispatch.fail(call, e)  # records the call unless it already was
         return web.Response(status=answer.status_code, body=answer.content, content_type="application/json")
 
     async def _serve(self, call: Call, request: web.Request) -> web.StreamResponse:
         try:  # nothing has reached the harness before the engine answers: a failed replica is retried on another
-            replica, upstream = await self.router.on_replica(
+            replica, upstream = await self.dispatch.on_replica(
                 call, lambda replica: replica.client.open_stream(*call.engine_request))
         except ProviderError as e:
             return self._error(call, e)
@@ -104,8 +101,8 @@ class StreamRelay:
 
     async def _relay(self, call: Call, replica: Replica, upstream: aiohttp.ClientResponse,
                      request: web.Request) -> web.StreamResponse:
-        router = self.router
-        translator = StreamTranslator(router.engine, call, router.model, router.finish)
+        dispatch = self.dispatch
+        translator = StreamTranslator(dispatch.options.engine, call, dispatch.model, dispatch.finish)
         response = web.StreamResponse(status=200, headers=SSE_HEADERS)
         await response.prepare(request)
         try:
@@ -118,7 +115,7 @@ class StreamRelay:
             except ProviderError as e:  # the engine stalled or broke off: the stream had started, no retry
                 translator.error = e.message.removeprefix("polar: ")
                 if isinstance(e, EngineFailure):
-                    router.engines.pool.mark_down(replica, translator.error)
+                    dispatch.engines.pool.mark_down(replica, translator.error)
             except (ConnectionResetError, asyncio.CancelledError):
                 raise
             except Exception as e:  # a translation bug: end the stream with the error, record it
@@ -138,6 +135,6 @@ class StreamRelay:
             return
         call.flags.append("truncated")
         try:
-            self.router.finish(call, None, None, "client disconnected")
+            self.dispatch.finish(call, None, None, "client disconnected")
         except CaptureError:
             pass  # logged by Capture; nobody is listening any more

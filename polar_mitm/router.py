@@ -3,14 +3,16 @@ tokens become the provider's reply (DESIGN.md §1, §5, §8).
 
 Non-streamed calls are sent to the engine by the proxy's own client and answered from the hook; streamed
 calls go to the in-process relay (polar_mitm/relay.py), the only upstream mitmproxy may connect to, which
-streams the engine's tokens back as the provider's SSE. Either way every call ends in a CallRecord."""
+streams the engine's tokens back as the provider's SSE. Both hand the call's engine side (replica, prompt,
+retry, record) to one Dispatcher (polar_mitm/dispatch.py). Either way every call ends in a CallRecord."""
 from __future__ import annotations
 
 import json
 import logging
 import re
 import time
-from typing import Any, Awaitable, Callable, TypeVar
+from dataclasses import replace
+from typing import Any
 
 from mitmproxy import ctx, http
 from mitmproxy.exceptions import OptionsError
@@ -18,11 +20,12 @@ from mitmproxy.exceptions import OptionsError
 from polar_mitm import call as calls
 from polar_mitm.capture import Capture, CaptureError
 from polar_mitm.conversation import Conversation, ProviderError
-from polar_mitm.engine import EngineError, apply_chunk, engine_request, parse_engine
-from polar_mitm.engine_client import EngineFailure, Timeouts, engine_json, engine_refused
-from polar_mitm.engines import Engines, Replica, parse_backends, parse_placement
+from polar_mitm.dispatch import Dispatcher
+from polar_mitm.engine import parse_engine
+from polar_mitm.engine_client import Timeouts
+from polar_mitm.engines import Engines, parse_backends, parse_placement
 from polar_mitm.fence import Fence
-from polar_mitm.model import Model, load_model
+from polar_mitm.model import load_model
 from polar_mitm.prompt import SessionHistory
 from polar_mitm.providers import CODECS
 from polar_mitm.relay import StreamRelay
@@ -34,7 +37,6 @@ log = logging.getLogger(__name__)
 # A JSON escape of a UTF-16 surrogate: only then can the parsed body hold text the tokenizer cannot take.
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
-T = TypeVar("T")
 
 
 def parse_positive(value: int) -> int:
@@ -56,13 +58,11 @@ def scrub_surrogates(value: Any) -> Any:
 
 class Router:
     def __init__(self, capture: Capture, fence: Fence) -> None:
-        self.capture, self.fence = capture, fence
-        self.engine = "sglang"
-        self.model: Model | None = None
+        self.fence = fence
         self.engines = Engines()
-        self.relay = StreamRelay(self)
         self.histories: SessionCache[tuple[str, str], SessionHistory] = SessionCache(SessionHistory)
-        self._warned: set[tuple[str, str]] = set()
+        self.dispatch = Dispatcher(capture, self.engines, self.histories)
+        self.relay = StreamRelay(self.dispatch)
 
     def load(self, loader) -> None:
         loader.add_option("polar_backend", str, "http://127.0.0.1:30000",
@@ -89,24 +89,30 @@ class Router:
         opts = ctx.options
         for name in ("polar_backend", "polar_engine", "polar_engine_timeout", "polar_engine_first_byte_timeout",
                      "polar_engine_placement", "polar_engine_probe_interval", "polar_engine_status_interval",
-                     "polar_session_ttl", "polar_max_sessions", "polar_max_tokens"):
+                     "polar_session_ttl", "polar_max_sessions", "polar_max_tokens", "polar_engine_model"):
             if name in updated:
                 try:
                     self._configure_one(name, getattr(opts, name))
                 except ValueError as e:
                     raise OptionsError(f"{name}: {e}") from e
+        if "polar_tokenizer" in updated:
+            self.dispatch.options = replace(self.dispatch.options, tokenizer=opts.polar_tokenizer)
         keys = {"polar_tokenizer", "polar_tool_parser", "polar_reasoning_parser", "polar_context_length"}
         if keys & set(updated) and opts.polar_tokenizer:
             try:
-                self.model = load_model(opts.polar_tokenizer, opts.polar_tool_parser,
-                                        opts.polar_reasoning_parser, opts.polar_context_length)
+                self.dispatch.model = load_model(opts.polar_tokenizer, opts.polar_tool_parser,
+                                                 opts.polar_reasoning_parser, opts.polar_context_length)
             except ValueError as e:
                 raise OptionsError(f"polar_tokenizer: {e}") from e
 
     def _configure_one(self, name: str, value: Any) -> None:
-        opts = ctx.options
+        opts, dispatch = ctx.options, self.dispatch
         if name == "polar_engine":
-            self.engine = parse_engine(value)
+            dispatch.options = replace(dispatch.options, engine=parse_engine(value))
+        elif name == "polar_max_tokens":
+            dispatch.options = replace(dispatch.options, max_tokens=parse_positive(value))
+        elif name == "polar_engine_model":
+            dispatch.options = replace(dispatch.options, engine_model=value or None)
         elif name in ("polar_backend", "polar_engine_timeout", "polar_engine_first_byte_timeout",
                       "polar_engine_placement"):
             timeouts = Timeouts(parse_positive(opts.polar_engine_timeout), parse_positive(opts.polar_engine_first_byte_timeout))
@@ -122,7 +128,7 @@ class Router:
             parse_positive(value)
 
     async def running(self) -> None:
-        if self.model is None:
+        if self.dispatch.model is None:
             raise OptionsError("polar_tokenizer: set it to the model directory (tokenizer + chat template)")
         await self.relay.start()
         opts = ctx.options
@@ -130,18 +136,11 @@ class Router:
         if redis_url:
             watch_ended(redis_url, lambda task_id, session_id: self.histories.drop((task_id, session_id)))
         await self.engines.start(redis_url, opts.polar_session_ttl, opts.polar_engine_probe_interval,
-                                 opts.polar_engine_status_interval, self._sessions_per_engine)
+                                 opts.polar_engine_status_interval, self.dispatch.sessions_per_engine)
 
     async def done(self) -> None:
         await self.relay.stop()
         await self.engines.stop()
-
-    def _sessions_per_engine(self) -> dict[str, int]:
-        counts: dict[str, int] = {}
-        for history in self.histories.values():
-            if history.engine:
-                counts[history.engine] = counts.get(history.engine, 0) + 1
-        return counts
 
     # -- request: parse, tokenize, then answer (non-streamed) or hand to the relay (streamed) ----------------
     async def request(self, flow: http.HTTPFlow) -> None:
@@ -161,14 +160,14 @@ class Router:
                 flow.response = self._side_answer(route, call.conv)
                 return
             await self.fence.hold(flow.id)
-            await self.place(call)
-            self._build(call)
+            await self.dispatch.place(call)
+            self.dispatch.build(call)
             if call.conv.stream:
                 self.relay.route(flow, call)
             else:
-                flow.response = await self._complete_call(call)
+                flow.response = await self.dispatch.complete(call)
         except ProviderError as e:
-            flow.response = self.fail(call, e)
+            flow.response = self.dispatch.fail(call, e)
         except CaptureError as e:
             flow.response = error_response(route.api, 500, f"polar: {e}")
 
@@ -189,7 +188,8 @@ class Router:
 
     def _side_answer(self, route, conv: Conversation) -> http.Response:
         """Token counting, answered with the real prompt length."""
-        return json_response(200, CODECS[route.api].render_count_tokens(len(self.model.renderer.render_full(conv))))
+        prompt_tokens = len(self.dispatch.model.renderer.render_full(conv))
+        return json_response(200, CODECS[route.api].render_count_tokens(prompt_tokens))
 
     def _model_list(self, route) -> http.Response:
         codec = CODECS[route.api]
@@ -197,109 +197,7 @@ class Router:
             if route.api == "gemini":
                 return json_response(200, codec.render_model(route.model))
             return json_response(200, codec.render_models([route.model])["data"][0])
-        return json_response(200, codec.render_models(self.model.served_names))
-
-    async def place(self, call: calls.Call, tried: frozenset[str] = frozenset()) -> Replica:
-        key = (call.session.task_id, call.session.session_id)
-        replica = await self.engines.place(key, self.histories.get(key), tried)
-        call.engine = replica.url
-        return replica
-
-    async def on_replica(self, call: calls.Call, send: Callable[[Replica], Awaitable[T]]) -> tuple[Replica, T]:
-        """`send(replica)` on the call's replica; when a replica fails before answering, again on another one
-        (fail_over). Raises ProviderError when none answers."""
-        replica, tried = self.engines.pool.get(call.engine), set()
-        while True:
-            try:
-                return replica, await send(replica)
-            except EngineFailure as e:
-                replica = await self.fail_over(call, replica, e, tried)
-
-    async def fail_over(self, call: calls.Call, replica: Replica, e: EngineFailure, tried: set[str]) -> Replica:
-        """`replica` failed the call: mark it down, and when nothing of the call has reached the harness yet,
-        move the session to another replica and rebuild the prompt there (rendered in full). Raises `e` when
-        the call cannot be retried or every replica has been tried."""
-        self.engines.pool.mark_down(replica, e.message.removeprefix("polar: "))
-        tried.add(replica.url)
-        if not e.retry or len(tried) >= len(self.engines.pool.replicas):
-            raise e
-        moved = await self.place(call, frozenset(tried))
-        log.warning("polar: call %s: %s failed before generating; retried on %s", call.call_id, replica.url, moved.url)
-        call.flags.clear()
-        self._build(call)
-        return moved
-
-    def _build(self, call: calls.Call) -> None:
-        """Prompt ids (with history substitution) and the engine request."""
-        model = self.model
-        key = (call.session.task_id, call.session.session_id)
-        call.prompt = self.histories.get(key).build_prompt(call.conv, model.renderer)
-        room = model.context_length - len(call.prompt.ids)
-        if room <= 0:
-            raise ProviderError(400, f"prompt is {len(call.prompt.ids)} tokens; the model's context is "
-                                     f"{model.context_length} tokens", "context_length_exceeded")
-        max_new = min(call.conv.sampling.max_tokens or ctx.options.polar_max_tokens, room)
-        call.engine_request = engine_request(self.engine, call.prompt.ids, call.conv.sampling, max_new,
-                                             call.conv.stream, ctx.options.polar_engine_model or None)
-        call.detok, call.parser = model.new_decoder(call.call_id)
-        call.flags.extend(model.dropped_by_template(call.conv))
-        if call.flags and key not in self._warned:
-            if len(self._warned) > 10_000:
-                self._warned.clear()
-            self._warned.add(key)
-            log.warning("polar: session %s/%s: the chat template of %s drops %s; the model cannot see them",
-                        *key, ctx.options.polar_tokenizer, ", ".join(call.flags))
-
-    async def _complete_call(self, call: calls.Call) -> http.Response:
-        """The provider's reply to a non-streamed call, recorded before it is returned."""
-        async def complete(replica: Replica) -> tuple[int, bytes]:
-            replica.inflight += 1
-            try:
-                return await replica.client.complete(*call.engine_request)  # rebuilt by a fail_over
-            finally:
-                replica.inflight -= 1
-
-        replica, (status, raw) = await self.on_replica(call, complete)
-        replica.served += 1
-        data = engine_json(raw)
-        if status != 200:
-            raise engine_refused(status, data)
-        try:
-            apply_chunk(self.engine, data, call.output)
-        except EngineError as e:
-            raise ProviderError(502, f"polar: {e}", "api_error") from e
-        calls.feed_ids(call, call.output.output_ids, self.model.stop_ids)
-        calls.finish_events(call)
-        completion = calls.completion_of(call, self.model.stop_ids)
-        body = CODECS[call.route.api].render_response(completion)
-        self.finish(call, completion, body, None)
-        return json_response(200, body)
-
-    def finish(self, call: calls.Call, completion, body: dict | None, error: str | None) -> None:
-        """Record the call, then (only once it is on disk) remember it in the session history, before the reply
-        goes out, so the harness's next request can already extend it. Raises CaptureError."""
-        if self._record(call, calls.make_record(call, body, error=error, flags=self._flags(call))) and error is None:
-            self._remember(call, completion)
-
-    @staticmethod
-    def _flags(call: calls.Call) -> tuple[str, ...]:
-        return tuple(call.flags) + (call.parser.result().flags if call.parser else ())
-
-    def _remember(self, call: calls.Call, completion) -> None:
-        history = self.histories.peek((call.session.task_id, call.session.session_id))
-        if history is not None and history.engine == call.engine:  # not a session that moved meanwhile
-            history.remember(call.prompt, calls.reply_message(completion), calls.call_tokens(call, self.model.stop_ids))
-
-    def fail(self, call: calls.Call, e: ProviderError) -> http.Response:
-        """The provider's error for a call, recorded when it was an LLM call."""
-        if e.status >= 500 or e.status == 413:
-            log.error("polar: call %s: %s", call.call_id, e.message)
-        if call.route.kind == "generate" and not call.recorded:
-            try:
-                self._record(call, calls.make_record(call, None, error=e.message, flags=tuple(call.flags)))
-            except CaptureError as ce:
-                return error_response(call.route.api, 500, f"polar: {ce}")
-        return error_response(call.route.api, e.status, e.message, e.kind)
+        return json_response(200, codec.render_models(self.dispatch.model.served_names))
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         if flow.metadata.get("polar_relay"):
@@ -310,21 +208,6 @@ class Router:
         if call is not None and not call.recorded and call.route.kind == "generate":
             why = "client disconnected" if "client" in str(flow.error).lower() else f"relay connection failed: {flow.error}"
             try:
-                self._record(call, calls.make_record(call, None, error=why, flags=tuple(call.flags)))
+                self.dispatch.record(call, calls.make_record(call, None, error=why, flags=tuple(call.flags)))
             except CaptureError:
                 pass  # logged by Capture; the client is gone
-
-    # A call has one record. The first writer claims it before writing, so a disconnect noticed meanwhile (the
-    # error hook, the relay finishing the stream) cannot add a second line with the same call_id, which readers
-    # refuse.
-    def _record(self, call: calls.Call, record) -> bool:
-        """Write the call's record; False when it already has one (that one stands)."""
-        if call.recorded:
-            return False
-        call.recorded = True
-        try:
-            self.capture.write(record)
-        except Exception:
-            call.recorded = False  # nothing on disk: an error record may still be tried
-            raise
-        return True

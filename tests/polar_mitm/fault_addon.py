@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from mitmproxy import ctx
 
-from polar_mitm import auth, capture, guard, prompt, router, streaming
+from polar_mitm import auth, capture, dispatch, guard, prompt, streaming
 from polar_mitm.providers import CODECS
 
 
@@ -28,7 +28,7 @@ def _patch(name: str) -> None:
     elif name == "prompt":
         prompt.SessionHistory.build_prompt = _boom
     elif name == "engine_request":
-        router.engine_request = _boom
+        dispatch.engine_request = _boom
     elif name == "reply":
         for codec in CODECS.values():
             codec.render_response = _boom

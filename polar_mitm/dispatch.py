@@ -1,0 +1,168 @@
+"""A call's engine side, shared by the router (polar_mitm/router.py) and the stream relay (polar_mitm/relay.py):
+its replica (placement, and a retry on another replica when one fails before answering), its prompt and engine
+request, the non-streamed answer, and the one record every call ends in."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Awaitable, Callable, TypeVar
+
+from mitmproxy import http
+
+from polar_mitm import call as calls
+from polar_mitm.capture import Capture, CaptureError
+from polar_mitm.conversation import ProviderError
+from polar_mitm.engine import EngineError, apply_chunk, engine_request
+from polar_mitm.engine_client import EngineFailure, engine_json, engine_refused
+from polar_mitm.engines import Engines, Replica
+from polar_mitm.model import Model
+from polar_mitm.prompt import SessionHistory
+from polar_mitm.providers import CODECS
+from polar_mitm.replies import error_response, json_response
+from polar_mitm.session_cache import SessionCache
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class CallOptions:
+    """What each call reads of the proxy's options, parsed once by Router.configure."""
+
+    engine: str = "sglang"  # the token API (polar_engine)
+    max_tokens: int = 2048  # when a request sets none (polar_max_tokens)
+    engine_model: str | None = None  # the model name a vLLM backend is sent (polar_engine_model)
+    tokenizer: str = ""  # the model directory, named in warnings (polar_tokenizer)
+
+
+class Dispatcher:
+    def __init__(self, capture: Capture, engines: Engines,
+                 histories: SessionCache[tuple[str, str], SessionHistory]) -> None:
+        self.capture, self.engines, self.histories = capture, engines, histories
+        self.options = CallOptions()
+        self.model: Model | None = None
+        self._warned: set[tuple[str, str]] = set()
+
+    def sessions_per_engine(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for history in self.histories.values():
+            if history.engine:
+                counts[history.engine] = counts.get(history.engine, 0) + 1
+        return counts
+
+    async def place(self, call: calls.Call, tried: frozenset[str] = frozenset()) -> Replica:
+        key = (call.session.task_id, call.session.session_id)
+        replica = await self.engines.place(key, self.histories.get(key), tried)
+        call.engine = replica.url
+        return replica
+
+    async def on_replica(self, call: calls.Call, send: Callable[[Replica], Awaitable[T]]) -> tuple[Replica, T]:
+        """`send(replica)` on the call's replica; when a replica fails before answering, again on another one
+        (fail_over). Raises ProviderError when none answers."""
+        replica, tried = self.engines.pool.get(call.engine), set()
+        while True:
+            try:
+                return replica, await send(replica)
+            except EngineFailure as e:
+                replica = await self.fail_over(call, replica, e, tried)
+
+    async def fail_over(self, call: calls.Call, replica: Replica, e: EngineFailure, tried: set[str]) -> Replica:
+        """`replica` failed the call: mark it down, and when nothing of the call has reached the harness yet,
+        move the session to another replica and rebuild the prompt there (rendered in full). Raises `e` when
+        the call cannot be retried or every replica has been tried."""
+        self.engines.pool.mark_down(replica, e.message.removeprefix("polar: "))
+        tried.add(replica.url)
+        if not e.retry or len(tried) >= len(self.engines.pool.replicas):
+            raise e
+        moved = await self.place(call, frozenset(tried))
+        log.warning("polar: call %s: %s failed before generating; retried on %s", call.call_id, replica.url, moved.url)
+        call.flags.clear()
+        self.build(call)
+        return moved
+
+    def build(self, call: calls.Call) -> None:
+        """Prompt ids (with history substitution) and the engine request."""
+        model, options = self.model, self.options
+        key = (call.session.task_id, call.session.session_id)
+        call.prompt = self.histories.get(key).build_prompt(call.conv, model.renderer)
+        room = model.context_length - len(call.prompt.ids)
+        if room <= 0:
+            raise ProviderError(400, f"prompt is {len(call.prompt.ids)} tokens; the model's context is "
+                                     f"{model.context_length} tokens", "context_length_exceeded")
+        max_new = min(call.conv.sampling.max_tokens or options.max_tokens, room)
+        call.engine_request = engine_request(options.engine, call.prompt.ids, call.conv.sampling, max_new,
+                                             call.conv.stream, options.engine_model)
+        call.detok, call.parser = model.new_decoder(call.call_id)
+        call.flags.extend(model.dropped_by_template(call.conv))
+        if call.flags and key not in self._warned:
+            if len(self._warned) > 10_000:
+                self._warned.clear()
+            self._warned.add(key)
+            log.warning("polar: session %s/%s: the chat template of %s drops %s; the model cannot see them",
+                        *key, options.tokenizer, ", ".join(call.flags))
+
+    async def complete(self, call: calls.Call) -> http.Response:
+        """The provider's reply to a non-streamed call, recorded before it is returned."""
+        async def send(replica: Replica) -> tuple[int, bytes]:
+            replica.inflight += 1
+            try:
+                return await replica.client.complete(*call.engine_request)  # rebuilt by a fail_over
+            finally:
+                replica.inflight -= 1
+
+        replica, (status, raw) = await self.on_replica(call, send)
+        replica.served += 1
+        data = engine_json(raw)
+        if status != 200:
+            raise engine_refused(status, data)
+        try:
+            apply_chunk(self.options.engine, data, call.output)
+        except EngineError as e:
+            raise ProviderError(502, f"polar: {e}", "api_error") from e
+        calls.feed_ids(call, call.output.output_ids, self.model.stop_ids)
+        calls.finish_events(call)
+        completion = calls.completion_of(call, self.model.stop_ids)
+        body = CODECS[call.route.api].render_response(completion)
+        self.finish(call, completion, body, None)
+        return json_response(200, body)
+
+    def finish(self, call: calls.Call, completion, body: dict | None, error: str | None) -> None:
+        """Record the call, then (only once it is on disk) remember it in the session history, before the reply
+        goes out, so the harness's next request can already extend it. Raises CaptureError."""
+        if self.record(call, calls.make_record(call, body, error=error, flags=self._flags(call))) and error is None:
+            self._remember(call, completion)
+
+    @staticmethod
+    def _flags(call: calls.Call) -> tuple[str, ...]:
+        return tuple(call.flags) + (call.parser.result().flags if call.parser else ())
+
+    def _remember(self, call: calls.Call, completion) -> None:
+        history = self.histories.peek((call.session.task_id, call.session.session_id))
+        if history is not None and history.engine == call.engine:  # not a session that moved meanwhile
+            history.remember(call.prompt, calls.reply_message(completion), calls.call_tokens(call, self.model.stop_ids))
+
+    def fail(self, call: calls.Call, e: ProviderError) -> http.Response:
+        """The provider's error for a call, recorded when it was an LLM call."""
+        if e.status >= 500 or e.status == 413:
+            log.error("polar: call %s: %s", call.call_id, e.message)
+        if call.route.kind == "generate" and not call.recorded:
+            try:
+                self.record(call, calls.make_record(call, None, error=e.message, flags=tuple(call.flags)))
+            except CaptureError as ce:
+                return error_response(call.route.api, 500, f"polar: {ce}")
+        return error_response(call.route.api, e.status, e.message, e.kind)
+
+    # A call has one record. The first writer claims it before writing, so a disconnect noticed meanwhile (the
+    # error hook, the relay finishing the stream) cannot add a second line with the same call_id, which readers
+    # refuse.
+    def record(self, call: calls.Call, record) -> bool:
+        """Write the call's record; False when it already has one (that one stands)."""
+        if call.recorded:
+            return False
+        call.recorded = True
+        try:
+            self.capture.write(record)
+        except Exception:
+            call.recorded = False  # nothing on disk: an error record may still be tried
+            raise
+        return True
