@@ -9,9 +9,9 @@ from typing import Any
 
 from polar_mitm.conversation import Completion, Conversation, Message, ReplyEvent
 from polar_mitm.detok import Detokenizer
-from polar_mitm.engine import EngineOutput
+from polar_mitm.engine_api import EngineOutput
 from polar_mitm.prompt import CallTokens, Prompt
-from polar_mitm.reply import ReplyParser, finish_reason
+from polar_mitm.reply_parser import ReplyParser, finish_reason
 from polar_mitm.routes import Route
 from polar_mitm.sessions import Session
 from polar_traj.records import CallRecord
@@ -32,7 +32,7 @@ class Call:
     engine_request: tuple[str, dict[str, Any]] | None = None  # (path, body) for the engine's token API
     flags: list[str] = field(default_factory=list)  # e.g. "template_dropped_tools", "truncated"
     recorded: bool = False
-    engine: str | None = None  # the replica's URL (polar_mitm/engines.py)
+    engine: str | None = None  # the replica's URL (polar_mitm/replicas.py)
 
 
 def new_call_id() -> str:

@@ -12,13 +12,13 @@ from mitmproxy import http
 from polar_mitm import call as calls
 from polar_mitm.capture import Capture, CaptureError
 from polar_mitm.conversation import ProviderError
-from polar_mitm.engine import EngineError, apply_chunk, engine_request
+from polar_mitm.engine_api import EngineError, apply_chunk, engine_request
 from polar_mitm.engine_client import EngineFailure, engine_json, engine_refused
-from polar_mitm.engines import Engines, Replica
 from polar_mitm.model import Model
 from polar_mitm.prompt import SessionHistory
+from polar_mitm.provider_responses import error_response, json_response
 from polar_mitm.providers import CODECS
-from polar_mitm.replies import error_response, json_response
+from polar_mitm.replicas import Engines, Replica
 from polar_mitm.session_cache import SessionCache
 
 log = logging.getLogger(__name__)

@@ -10,7 +10,7 @@ from mitmproxy import ctx, http
 from mitmproxy.exceptions import OptionsError
 from mitmproxy.proxy.mode_specs import ReverseMode
 
-from polar_mitm.replies import error_response, family_api
+from polar_mitm.provider_responses import error_response, family_api
 from polar_mitm.routes import PROVIDER_HOSTS, family_of, match_route
 
 _LABEL = r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?"

@@ -20,7 +20,7 @@ from polar_mitm.conversation import Conversation, ProviderError
 from polar_mitm.egress import Egress, _Refused
 from polar_mitm.fence import Fence
 from polar_mitm.guard import Guard
-from polar_mitm.replies import error_response, family_api
+from polar_mitm.provider_responses import error_response, family_api
 from polar_mitm.router import Router
 from polar_mitm.routes import family_of
 
