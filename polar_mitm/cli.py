@@ -6,6 +6,7 @@ import asyncio
 import sys
 from pathlib import Path
 
+from polar_mitm.engines import parse_backends
 from polar_mitm.harness_env import harness_env, write_ca_bundle
 from polar_mitm.launch import die_with_parent
 
@@ -31,8 +32,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def proxy_modes(host: str, proxy_port: int, base_url_port: int, backend: str) -> list[str]:
-    from polar_mitm.replicas import parse_backends
-
     # mitmproxy needs a reverse target; Polar never forwards to it (polar_mitm/egress.py). The first engine.
     return [f"regular@{host}:{proxy_port}", f"reverse:{parse_backends(backend)[0]}@{host}:{base_url_port}"]
 

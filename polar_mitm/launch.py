@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+from polar_mitm.engines import parse_backends
+
 ADDON = Path(__file__).resolve().parent / "addon.py"
 
 
@@ -78,8 +80,6 @@ def start_proxy(workdir: Path, backend: str, model_dir: Path, *extra: str, hosts
     `hosts_file` (tests, root only): run it in a private mount namespace where that file is /etc/hosts, so a
     provider hostname can point at a local listener. `reverse_target`: the base-URL listener's target
     (default the engine; Polar never forwards to it, see polar_mitm/egress.py)."""
-    from polar_mitm.replicas import parse_backends  # aiohttp: not for every importer of this module
-
     workdir.mkdir(parents=True, exist_ok=True)
     p1, p2 = free_port(), free_port()
     confdir, capture, log = workdir / "mitm", workdir / "captures", workdir / "mitmdump.log"

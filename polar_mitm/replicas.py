@@ -13,45 +13,16 @@ import asyncio
 import logging
 from dataclasses import dataclass
 from typing import Callable, Protocol
-from urllib.parse import urlsplit
 
 import aiohttp
 
 from polar_mitm.conversation import ProviderError
 from polar_mitm.engine_client import EngineClient, Timeouts
+from polar_mitm.engines import placement_key
 
 log = logging.getLogger(__name__)
-PLACEMENTS = ("least_loaded", "round_robin")
-PLACEMENT_PREFIX = "polar:engine:"
 PROBE_TIMEOUT_S = 5.0
 PROBE_MISSES = 2  # a probe that times out or answers non-200 this many times in a row marks the replica down
-
-
-def parse_backend(spec: str) -> str:
-    parts = urlsplit(spec)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"expected http://host:port, got {spec!r}")
-    return spec.rstrip("/")
-
-
-def parse_backends(spec: str) -> tuple[str, ...]:
-    """Engine URLs from `http://a:30000,http://b:30000` (one or more, no repeats)."""
-    urls = tuple(parse_backend(part.strip()) for part in spec.split(",") if part.strip())
-    if not urls:
-        raise ValueError("give at least one engine URL (http://host:port, comma-separated for several)")
-    if len(set(urls)) != len(urls):
-        raise ValueError(f"an engine URL is listed twice in {spec!r}")
-    return urls
-
-
-def placement_key(task_id: str, session_id: str) -> str:
-    return f"{PLACEMENT_PREFIX}{task_id}/{session_id}"  # ids never hold "/" (records.check_id)
-
-
-def parse_placement(spec: str) -> str:
-    if spec not in PLACEMENTS:
-        raise ValueError(f"expected one of {PLACEMENTS}, got {spec!r}")
-    return spec
 
 
 @dataclass

@@ -23,13 +23,14 @@ from polar_mitm.conversation import Conversation, ProviderError
 from polar_mitm.dispatch import Dispatcher
 from polar_mitm.engine_api import parse_engine
 from polar_mitm.engine_client import Timeouts
+from polar_mitm.engines import parse_backends, parse_placement
 from polar_mitm.fence import Fence
 from polar_mitm.model import load_model
 from polar_mitm.prompt import SessionHistory
 from polar_mitm.provider_responses import error_response, json_response
 from polar_mitm.providers import CODECS
 from polar_mitm.relay import StreamRelay
-from polar_mitm.replicas import Engines, parse_backends, parse_placement
+from polar_mitm.replicas import Engines
 from polar_mitm.session_cache import SessionCache
 from polar_mitm.sessions import watch_ended
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Protocol
 from urllib.parse import parse_qs, urlsplit
 
-from polar_mitm.replicas import placement_key
+from polar_mitm.engines import placement_key
 from polar_traj.records import ID_PATTERN, check_id
 
 log = logging.getLogger(__name__)

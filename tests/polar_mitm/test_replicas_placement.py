@@ -9,7 +9,7 @@ import pytest
 from polar_mitm.conversation import ProviderError
 from polar_mitm.engine_client import Timeouts
 from polar_mitm.prompt import SessionHistory
-from polar_mitm.replicas import Engines, EnginePool, parse_backends
+from polar_mitm.replicas import Engines, EnginePool
 
 A, B, C = "http://127.0.0.1:30000", "http://127.0.0.1:30001", "http://127.0.0.1:30002"
 
@@ -22,13 +22,6 @@ def engines(*urls: str, placement: str = "least_loaded") -> Engines:
 
 def place(e: Engines, history: SessionHistory, tried: frozenset[str] = frozenset()) -> str:
     return asyncio.run(e.place(("t", "s"), history, tried)).url
-
-
-def test_parse_backends_takes_a_list_and_refuses_repeats_and_junk():
-    assert parse_backends(f"{A}/, {B}") == (A, B)
-    for bad, why in ((f"{A},{A}", "twice"), ("", "at least one"), ("127.0.0.1:1", "http://host:port")):
-        with pytest.raises(ValueError, match=why):
-            parse_backends(bad)
 
 
 def test_least_loaded_then_fewest_placed_and_sessions_stay():
