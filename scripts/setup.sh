@@ -11,6 +11,9 @@ bash scripts/setup_python.sh
 step "system packages"
 bash scripts/setup_apt.sh
 
+step "sandbox user (polar-sandbox)"
+bash scripts/setup_sandbox_user.sh
+
 step "redis on 127.0.0.1:6379"
 bash scripts/setup_redis.sh
 

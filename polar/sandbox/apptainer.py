@@ -9,7 +9,9 @@ reached as in bwrap: unix sockets in the shared folder and the stdlib-only forwa
 image's own python3. The instance is named, so a later stage in another process reattaches with `attach`.
 
 Rootless (an unprivileged user) uses user namespaces; a SIF needs /dev/fuse then, so use a sandbox directory.
-Root works with `root default capabilities = no` in apptainer.conf (scripts/install_apptainer.sh sets it).
+Root works with `root default capabilities = no` in apptainer.conf (scripts/install_apptainer.sh sets it); then
+every `exec` runs as the unprivileged polar-sandbox user (`--security uid:…,gid:…`, polar/sandbox/identity.py),
+never as the host's uid 0. No /sys in the container (`--no-mount sys`); /proc/sys is refused to that uid.
 """
 from __future__ import annotations
 
@@ -23,13 +25,14 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from polar.sandbox import bridge
+from polar.sandbox.identity import Identity, sandbox_identity
 from polar.sandbox.limits import DEFAULT_LIMITS, Limits
-from polar.sandbox.runtime import PROJECT_ROOT, ExecResult, Mounts, SandboxError, _copy, bridged, run_group
+from polar.sandbox.runtime import PROJECT_ROOT, ExecResult, Mounts, SandboxError, _copy, bridged, run_as
 
 APPTAINER_DIR = PROJECT_ROOT / ".tools" / "apptainer" / "usr" / "bin"
 NPM_DIR = PROJECT_ROOT / ".tools" / "npm"
 HOST_NODE = Path("/usr/bin/node")
-START_OPTIONS = ("--containall", "--no-home", "--net", "--network", "none")
+START_OPTIONS = ("--containall", "--no-home", "--net", "--network", "none", "--no-mount", "sys")
 
 
 def apptainer_bin() -> Path:
@@ -82,8 +85,10 @@ def bind_args(mounts: Mounts, extra_ro: Sequence[tuple[Path, Path]] = ()) -> lis
 class ApptainerSandbox:
     """One running instance; `exec` may be called many times (harness, then evaluator)."""
 
-    def __init__(self, mounts: Mounts, image: str, name: str, apptainer: Path, limits: Limits) -> None:
+    def __init__(self, mounts: Mounts, image: str, name: str, apptainer: Path, limits: Limits,
+                 who: Identity | None = None) -> None:
         self.mounts, self.image, self.name, self.apptainer, self.limits = mounts, image, name, apptainer, limits
+        self.who = who
 
     def exec(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path, timeout_s: float,
              stdout: Path, stderr: Path, forwards: Sequence[tuple[int, Path]] = ()) -> ExecResult:
@@ -92,8 +97,11 @@ class ApptainerSandbox:
             inner = bridged(inner, forwards, python="python3", script=str(Path(bridge.__file__).resolve()))
         if "HOME" in env:  # apptainer sets HOME itself (APPTAINERENV_HOME is ignored)
             inner = ["env", f"HOME={env['HOME']}", *inner]
-        cmd = [str(self.apptainer), "-s", "exec", "--cleanenv", "--pwd", str(cwd), f"instance://{self.name}", *inner]
-        return run_group(cmd, host_env(env), self.mounts.workspace, timeout_s, stdout, stderr, self.limits)
+        security = ["--security", f"uid:{self.who.uid},gid:{self.who.gid}"] if self.who else []
+        cmd = [str(self.apptainer), "-s", "exec", "--cleanenv", *security, "--pwd", str(cwd),
+               f"instance://{self.name}", *inner]
+        return run_as(self.who, self.mounts, cmd, host_env(env), self.mounts.workspace, timeout_s, stdout, stderr,
+                      self.limits)
 
     def copy_in(self, src: Path, dst: Path) -> None:
         _copy(src, dst)  # the bound folders are the host's own
@@ -139,7 +147,7 @@ class ApptainerRuntime:
 
     def prepare(self, mounts: Mounts, image: str | None = None, instance: str | None = None) -> ApptainerSandbox:
         """Start an instance of `image` (a SIF or a sandbox directory); raises SandboxError naming the image."""
-        apptainer = apptainer_bin()
+        apptainer, who = apptainer_bin(), _identity()
         if not image or image == "host":
             raise SandboxError("apptainer runtime: the task names no image (image: host); give a SIF or a sandbox "
                                "directory, or use --runtime bwrap|local")
@@ -159,8 +167,17 @@ class ApptainerRuntime:
         if not getattr(started, "pid", None):
             detail = " ".join(log.getvalue().split())[-600:]
             raise SandboxError(f"apptainer runtime: instance of image {path} did not start: {detail}")
-        return ApptainerSandbox(mounts, str(path), name, apptainer, self.limits)
+        return ApptainerSandbox(mounts, str(path), name, apptainer, self.limits, who)
 
-    def attach(self, mounts: Mounts, image: str, instance: str) -> ApptainerSandbox:
+    def attach(self, mounts: Mounts, image: str | None, instance: str | None) -> ApptainerSandbox:
         """The running instance `instance` again (a later stage, maybe another process)."""
-        return ApptainerSandbox(mounts, image, instance, apptainer_bin(), self.limits)
+        if not (image and instance):
+            raise SandboxError("apptainer runtime: no running instance to attach to (the sandbox never started)")
+        return ApptainerSandbox(mounts, image, instance, apptainer_bin(), self.limits, _identity())
+
+
+def _identity() -> Identity | None:
+    try:
+        return sandbox_identity()
+    except RuntimeError as e:
+        raise SandboxError(f"apptainer runtime: {e}") from e

@@ -3,14 +3,17 @@ harness a network namespace holding only loopback (DESIGN.md §6) and a pid name
 processes (polar/sandbox/limits.py; wall time is exec's timeout) and reaps whatever it leaves behind.
 
   auto   the default: the most isolated runtime installed (apptainer for a task that names an image, else bwrap)
-  bwrap  bubblewrap in its own user namespace: a minimal read-only view of the host (system directories, a few
-         /etc files, node and the harness CLIs), the session's HOME, workspace and socket directory writable,
-         private /tmp, /proc and /dev; no other host path (not the checkout, not the host user's home, not other
-         runs' folders)
+  bwrap  bubblewrap: a minimal read-only view of the host (system directories, a few /etc files, node and the
+         harness CLIs), the session's HOME, workspace and socket directory writable, private /tmp, /proc and
+         /dev, /proc/sys read-only, no /sys; no other host path (not the checkout, not the host user's home,
+         not other runs' folders). Started by root, bwrap sets up the view and its first process drops to the
+         unprivileged polar-sandbox user (polar/sandbox/identity.py); started by a user, it runs in a user
+         namespace of that user, as before
   local  explicit opt-in: `unshare` (net + pid namespaces) on the host filesystem, which the harness can read
          and write; it says so in one warning line
 
-Either way the proxy is reached through unix sockets visible in the sandbox and the in-sandbox TCP forwarder of
+No isolated sandbox process is the host's uid 0; setuid/setgid bits are cleared from the writable folders after
+each exec (identity.py). Either way the proxy is reached through unix sockets visible in the sandbox and the in-sandbox TCP forwarder of
 polar/sandbox/bridge.py, which listens on the same port numbers as the proxy on the host.
 """
 from __future__ import annotations
@@ -27,6 +30,7 @@ from pathlib import Path
 from typing import Mapping, Protocol, Sequence
 
 from polar.sandbox import bridge
+from polar.sandbox.identity import Identity, copy_without_privileges, drop_privilege_bits, hand_over, sandbox_identity
 from polar.sandbox.limits import DEFAULT_LIMITS, Limits, make_cgroup, rlimit_wrap
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -64,6 +68,8 @@ class ExecResult:
 
 
 class Sandbox(Protocol):
+    name: str | None  # what a later stage attaches to (an apptainer instance); None: nothing outlives exec
+
     def exec(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path, timeout_s: float,
              stdout: Path, stderr: Path, forwards: Sequence[tuple[int, Path]] = ()) -> ExecResult: ...
     def copy_in(self, src: Path, dst: Path) -> None: ...
@@ -74,7 +80,13 @@ class Sandbox(Protocol):
 class Runtime(Protocol):
     name: str
 
-    def prepare(self, mounts: Mounts) -> Sandbox: ...
+    def prepare(self, mounts: Mounts, image: str | None = None, instance: str | None = None) -> Sandbox:
+        """A sandbox over `mounts` (of `image`, named `instance`, for runtimes that run images)."""
+        ...
+
+    def attach(self, mounts: Mounts, image: str | None, instance: str | None) -> Sandbox:
+        """The sample's sandbox again, in a later stage (maybe another process): `instance` is prepare's `name`."""
+        ...
 
 
 def bridged(argv: Sequence[str], forwards: Sequence[tuple[int, Path]], python: str = sys.executable,
@@ -84,12 +96,23 @@ def bridged(argv: Sequence[str], forwards: Sequence[tuple[int, Path]], python: s
     return [python, "-I", script, *fwd, "--", *argv]
 
 
-def _copy(src: Path, dst: Path) -> None:
-    if src.is_dir():
-        shutil.copytree(src, dst, symlinks=True, dirs_exist_ok=True)
-    else:
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(src, dst)
+_copy = copy_without_privileges  # in and out of a sandbox: links kept as links, no setuid/setgid bits
+
+
+def writable(mounts: Mounts) -> tuple[Path, Path, Path]:
+    return mounts.home, mounts.workspace, mounts.shared
+
+
+def run_as(who: Identity | None, mounts: Mounts, cmd: Sequence[str], env: Mapping[str, str], cwd: Path,
+           timeout_s: float, stdout: Path, stderr: Path, limits: Limits | None) -> ExecResult:
+    """run_group for an isolated sandbox whose processes run as `who` (None: as we are): its folders are
+    handed to `who` first, and no file in them keeps a setuid/setgid bit afterwards."""
+    if who is not None:
+        hand_over(writable(mounts), who)
+    try:
+        return run_group(cmd, env, cwd, timeout_s, stdout, stderr, limits)
+    finally:
+        drop_privilege_bits(writable(mounts))
 
 
 def run_group(cmd: Sequence[str], env: Mapping[str, str], cwd: Path, timeout_s: float,
@@ -135,6 +158,8 @@ def _kill_group(proc: subprocess.Popen) -> int:
 class _HostSandbox:
     """Both runtimes here share the host filesystem: copying in and out is a plain copy."""
 
+    name = None  # nothing outlives exec: a later stage prepares a fresh one
+
     def __init__(self, mounts: Mounts, limits: Limits) -> None:
         self.mounts, self.limits = mounts, limits
 
@@ -169,7 +194,7 @@ class LocalRuntime:
     def __init__(self, limits: Limits = DEFAULT_LIMITS) -> None:
         self.limits = limits
 
-    def prepare(self, mounts: Mounts) -> Sandbox:
+    def prepare(self, mounts: Mounts, image: str | None = None, instance: str | None = None) -> Sandbox:
         if not shutil.which("unshare"):
             raise SandboxError("local runtime: `unshare` (util-linux) not found")
         ip = shutil.which("ip", path=os.environ.get("PATH", "") + ":/usr/sbin:/sbin")
@@ -177,6 +202,9 @@ class LocalRuntime:
             raise SandboxError("local runtime: `ip` (iproute2) not found")
         print(LOCAL_WARNING, file=sys.stderr, flush=True)
         return LocalSandbox(mounts, ip, self.limits)
+
+    def attach(self, mounts: Mounts, image: str | None, instance: str | None) -> Sandbox:
+        return self.prepare(mounts)
 
 
 # The host's system, read-only; symlinks (a merged /usr: /bin -> usr/bin) are recreated as the host has them.
@@ -203,10 +231,11 @@ def system_view() -> list[str]:
             args += ["--symlink", os.readlink(p), d]
         elif p.is_dir():
             args += ["--ro-bind", d, d]
-    args += ["--dir", "/etc"]
-    for name in ETC_FILES:
-        if (p := Path("/etc", name)).exists():
-            args += ["--ro-bind", str(p), str(p)]
+    files = [str(p) for name in ETC_FILES if (p := Path("/etc", name)).exists()]
+    for d in _ancestors(files):  # /etc, /etc/ssl: open to an unprivileged first process
+        args += ["--perms", "0755", "--dir", d]
+    for f in files:
+        args += ["--ro-bind", f, f]
     return args
 
 
@@ -236,31 +265,54 @@ def _parents(dirs: Sequence[Path]) -> list[str]:
     return sorted(found, key=lambda d: (d.count("/"), d))
 
 
+def _ancestors(paths: Sequence[str]) -> list[str]:
+    """Every directory above these paths, except /, shallowest first."""
+    found = {str(p) for path in paths for p in Path(path).parents} - {"/"}
+    return sorted(found, key=lambda d: (d.count("/"), d))
+
+
+def kernel_covers() -> list[str]:
+    """bwrap arguments that keep the kernel's knobs read-only over the private /proc (bwrap's own cover of
+    /proc/sys does not happen on this kernel; the host's /proc/sys shows the sandbox's own net namespace)."""
+    return [a for p in ("/proc/sys", "/proc/sysrq-trigger") if os.path.exists(p) for a in ("--ro-bind", p, p)]
+
+
 class BwrapSandbox(_HostSandbox):
-    def __init__(self, mounts: Mounts, bwrap: str, limits: Limits) -> None:
+    def __init__(self, mounts: Mounts, bwrap: str, limits: Limits, who: Identity | None = None) -> None:
         super().__init__(mounts, limits)
-        self.bwrap = bwrap
+        self.bwrap, self.who = bwrap, who
         self.tools, self.python = tool_binds()
 
+    def identity_args(self) -> list[str]:
+        """Unprivileged: a user namespace of ours, no capability. Root: no user namespace (it would map to the
+        host's uid 0); the first process keeps only what it needs to drop to `who`, then has none."""
+        if self.who is None:
+            return ["--unshare-user", "--cap-drop", "ALL"]
+        return ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+
     def command(self, cwd: Path) -> list[str]:
-        writable = (self.mounts.home, self.mounts.workspace, self.mounts.shared)
-        parents = _parents(writable)
-        cmd = [self.bwrap, "--unshare-user", "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
-               "--unshare-cgroup-try", "--cap-drop", "ALL", "--die-with-parent", "--new-session",
-               *system_view(), "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
+        parents = _parents(writable(self.mounts))
+        cmd = [self.bwrap, *self.identity_args(), "--unshare-net", "--unshare-pid", "--unshare-ipc",
+               "--unshare-uts", "--unshare-cgroup-try", "--die-with-parent", "--new-session",
+               *system_view(), "--dev", "/dev", "--proc", "/proc", *kernel_covers(), "--perms", "1777",
+               "--tmpfs", "/tmp"]
         for d in parents:
             cmd += ["--tmpfs", d]  # HOME's parent (the run folder) holds only the binds here, read-only
+        binds = [*self.tools[2::3], BRIDGE_IN_SANDBOX, *map(str, writable(self.mounts))]
+        for d in _ancestors(binds):  # bwrap would make them 0700, closed to an unprivileged first process
+            cmd += ["--perms", "0755", "--dir", d]
         cmd += [*self.tools, "--ro-bind", bridge.__file__, BRIDGE_IN_SANDBOX]
-        for d in writable:
+        for d in writable(self.mounts):
             cmd += ["--bind", str(d), str(d)]
         for d in ("/", *parents):
             cmd += ["--remount-ro", d]
-        return cmd + ["--chdir", str(cwd)]
+        return cmd + ["--chdir", str(cwd), "--"] + (self.who.setpriv() if self.who else [])
 
     def exec(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path, timeout_s: float,
              stdout: Path, stderr: Path, forwards: Sequence[tuple[int, Path]] = ()) -> ExecResult:
         inner = bridged(argv, forwards, self.python, BRIDGE_IN_SANDBOX)
-        return run_group(self.command(cwd) + ["--", *inner], env, cwd, timeout_s, stdout, stderr, self.limits)
+        return run_as(self.who, self.mounts, self.command(cwd) + inner, env, cwd, timeout_s, stdout, stderr,
+                      self.limits)
 
 
 class BwrapRuntime:
@@ -269,11 +321,18 @@ class BwrapRuntime:
     def __init__(self, limits: Limits = DEFAULT_LIMITS) -> None:
         self.limits = limits
 
-    def prepare(self, mounts: Mounts) -> Sandbox:
+    def prepare(self, mounts: Mounts, image: str | None = None, instance: str | None = None) -> Sandbox:
         bwrap = shutil.which("bwrap")
         if not bwrap:
             raise SandboxError("bwrap runtime: `bwrap` (bubblewrap) not found")
-        return BwrapSandbox(mounts, bwrap, self.limits)
+        try:
+            who = sandbox_identity()
+        except RuntimeError as e:
+            raise SandboxError(f"bwrap runtime: {e}") from e
+        return BwrapSandbox(mounts, bwrap, self.limits, who)
+
+    def attach(self, mounts: Mounts, image: str | None, instance: str | None) -> Sandbox:
+        return self.prepare(mounts)
 
 
 def _apptainer_installed() -> bool:

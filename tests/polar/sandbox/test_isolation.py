@@ -272,3 +272,62 @@ def test_harness_cannot_escape_the_default_runtime(host, start_reference_server,
         assert attempts(out)["fork-bomb"][0] == "refused", out
     assert host_processes("sleep 1000", "sleep 999") == []
     assert httpx.get(f"{backend}/health", timeout=30).json()["status"] == "ok"
+
+
+# Issue 23: what a host-root agent could do before (a sysctl written, /sys writable, a setuid-root file left in the
+# output folder), tried from inside each isolated runtime; each line says done or refused. A write puts back
+# the value it read: where a runtime fails, the host is left as it was.
+PRIVILEGE_PROBES = r"""
+probe() { name=$1; shift; if out=$("$@" 2>&1); then echo "$name: done: $out"; else echo "$name: refused: $out"; fi; }
+probe sysctl-write sh -c 'v=$(cat /proc/sys/kernel/printk_ratelimit_burst) && echo "$v" > /proc/sys/kernel/printk_ratelimit_burst'
+probe core-pattern sh -c 'v=$(cat /proc/sys/kernel/core_pattern) && echo "$v" > /proc/sys/kernel/core_pattern'
+probe sysrq sh -c 'echo h > /proc/sysrq-trigger'
+probe sys-write sh -c 'for f in /sys/power/state /sys/kernel/mm/transparent_hugepage/enabled; do [ -e $f ] && : > $f && exit 0; done; ls /sys >/dev/null 2>&1 && touch /sys/x'
+cp /bin/sh suid-sh && chmod 4755 suid-sh && chmod 2755 . && echo "setuid-made: done: $(stat -c %a suid-sh)"
+echo "uid-inside: done: $(id -u)"
+echo probes-over
+"""
+
+
+def host_uid_of(cmdline: str, deadline_s: float = 60) -> int:
+    """The real uid, as the host sees it (/proc/PID/status), of the host process running exactly `cmdline`."""
+    import time
+
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        for p in Path("/proc").glob("[0-9]*"):
+            try:
+                if (p / "cmdline").read_bytes().replace(b"\0", b" ").decode().strip() == cmdline:
+                    uid_line = next(x for x in (p / "status").read_text().splitlines() if x.startswith("Uid:"))
+                    return int(uid_line.split()[1])
+            except (OSError, StopIteration):
+                continue
+        time.sleep(0.05)
+    raise AssertionError(f"no host process {cmdline!r}")
+
+
+@pytest.mark.parametrize("runtime", ISOLATED)
+def test_sandbox_holds_no_host_privilege(runtime, tmp_path):
+    """From inside, started by root: no sysctl, /proc/sysrq-trigger or /sys write; the sandbox's process is not
+    uid 0 on the host; a mode-4755 file it leaves is no setuid file on the host."""
+    m = mounts_in(tmp_path)
+    tag = 2000 + int(uuid.uuid4().hex[:4], 16) % 5000
+    seen: list[int] = []
+    watcher = threading.Thread(target=lambda: seen.append(host_uid_of(f"sleep 4.{tag}")), daemon=True)
+    watcher.start()
+    result, out, err = sandbox_run(runtime, m, PRIVILEGE_PROBES + f"sleep 4.{tag}; echo slept\n")
+    watcher.join(5)
+    tried = attempts(out)
+    assert result.exit_code == 0 and "probes-over" in out and "slept" in out, out + err
+    for name in ("sysctl-write", "core-pattern", "sysrq", "sys-write"):
+        assert tried[name][0] == "refused", f"{name}: {tried[name]}\n{out}"
+    assert seen and seen[0] != 0, f"host uid of the sandbox's process: {seen}"
+    made = m.workspace / "suid-sh"
+    assert tried["setuid-made"] == ("done", "4755")  # inside, the chmod works...
+    st = made.stat()
+    assert st.st_uid == seen[0] != 0  # ...on a file the host sees owned by the sandbox's uid, not root
+    assert st.st_mode & 0o6000 == 0 and m.workspace.stat().st_mode & 0o6000 == 0  # and the bits are gone after exec
+    if os.geteuid() == 0:
+        from polar.sandbox.identity import sandbox_identity
+
+        assert seen[0] == sandbox_identity().uid  # the polar-sandbox user, not nobody
