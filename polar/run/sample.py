@@ -18,7 +18,7 @@ import json
 import shutil
 import signal
 import socket
-import tarfile
+import threading
 import time
 import uuid
 from contextlib import ExitStack, contextmanager
@@ -27,14 +27,19 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from polar.harness.adapters import AdapterSpec
+from polar.run.local_redis import private_redis
+from polar.run.services import ProxyHandle, new_session
 from polar.run.session import (DEFAULT_CONFDIR, HARNESS_BIN, TOOLS_BIN, EngineConfig, HarnessSetup, capture_files,
-                          changed_since_start, exec_harness, render_harness, shared_dir,
-                          start_services, write_ca)
-from polar.sandbox.runtime import Mounts, Sandbox, get_runtime, resolve_runtime
-from polar.run.services import ProxyHandle, Session, new_session
+                               changed_since_start, exec_harness, prepare_harness, shared_dir, start_services)
+from polar.run.summary import build_trajectories, count_calls
+from polar.run.state import SampleState, load_state
+from polar.sandbox.runtime import Sandbox, get_runtime, resolve_runtime
+from polar.tasks.evaluate import EvaluatorCrash, evaluate
 from polar.tasks.spec import TaskSpec
+from polar_traj import atomic
+from polar_traj.capture_reader import read_capture
+from polar_traj.records import check_id
 
-STATE = "sample.json"
 RESULT = "result.json"
 SERVICES = "services"  # run_sample's own engine and proxy, when it starts them
 
@@ -81,48 +86,15 @@ class SampleResult:
         return cls(**data)
 
 
-# -- state file ---------------------------------------------------------------------------------------------------
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2))
-    tmp.replace(path)
-
-
-def _load(out: Path) -> dict[str, Any]:
-    return json.loads((Path(out) / STATE).read_text())
-
-
-def _fail(state: dict[str, Any], reason: str, failure: str = "infrastructure") -> None:
-    """Record the first failure of the sample (later ones do not overwrite it)."""
-    if state.get("outcome") is None:
-        state["outcome"] = {"status": "error", "failure": failure, "reason": reason}
-
-
-def _mounts(state: dict[str, Any]) -> Mounts:
-    out = Path(state["out"])
-    return Mounts(out / "home", out / "workspace", Path(state["shared"]))
-
-
-def _sandbox(state: dict[str, Any]) -> Sandbox:
-    """The sample's sandbox again: the running apptainer instance, or a fresh host-filesystem sandbox."""
-    runtime = get_runtime(state["runtime"])
-    if state["runtime"] == "apptainer":
-        return runtime.attach(_mounts(state), state["task"]["image"], state["instance"])
-    return runtime.prepare(_mounts(state))
-
-
-def _proxy(state: dict[str, Any]) -> ProxyHandle:
-    p = state["proxy"]
-    return ProxyHandle(p["host"], p["proxy_port"], p["base_url_port"], Path(p["ca_cert"]), Path(p["capture_dir"]),
-                       p["sessions"])
+def _sandbox(state: SampleState) -> Sandbox:
+    """The sample's sandbox again: its running instance, or a fresh one over the same folders."""
+    return get_runtime(state.runtime).attach(state.mounts, state.task.image, state.instance)
 
 
 # -- stages -------------------------------------------------------------------------------------------------------
 def prepare_sample(cfg: SampleConfig, engine: EngineConfig, proxy: ProxyHandle) -> Path:
     """Fresh folder, workspace, sandbox, registered session and rendered harness files; writes sample.json.
     Raises ValueError only for a caller's mistake (a used folder, an adapter without this way in)."""
-    from polar_traj.records import check_id
-
     check_id(cfg.sample_id, "sample_id")
     check_id(cfg.group_id, "group_id")
     if not cfg.adapter.supports(cfg.way_in):
@@ -134,98 +106,77 @@ def prepare_sample(cfg: SampleConfig, engine: EngineConfig, proxy: ProxyHandle) 
         (out / d).mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     shared, temporary = shared_dir(out)
-    state: dict[str, Any] = {
-        "sample_id": cfg.sample_id, "group_id": cfg.group_id, "out": str(out), "task": cfg.task.to_dict(),
-        "adapter": cfg.adapter.name, "adapter_source": cfg.adapter.source, "way_in": cfg.way_in,
-        "runtime": cfg.runtime, "engine": {**asdict(engine), "model_dir": str(engine.model_dir),
-                                           "policy": str(engine.policy) if engine.policy else None},
-        "proxy": {**asdict(proxy), "ca_cert": str(proxy.ca_cert), "capture_dir": str(proxy.capture_dir)},
-        "shared": str(shared), "shared_temporary": temporary, "instance": None, "session": None,
-        "harness": None, "outcome": None, "exit_code": None, "timed_out": False, "evaluation": None,
-        "node": socket.gethostname(), "timings": {}, "started_at": time.time(),
-    }
+    engine_record = {**asdict(engine), "model_dir": str(engine.model_dir),
+                     "policy": str(engine.policy) if engine.policy else None}
+    state = SampleState(cfg.sample_id, cfg.group_id, out, cfg.task, cfg.adapter.name, cfg.adapter.source,
+                        cfg.way_in, cfg.runtime, engine_record, proxy, shared, temporary, socket.gethostname(),
+                        time.time())
     try:
         _prepare(cfg, proxy, state)
     except Exception as e:  # noqa: BLE001 - any failure here is the sample's infrastructure failing
-        _fail(state, f"prepare: {type(e).__name__}: {e}")
-    state["timings"]["prepare_s"] = round(time.monotonic() - start, 3)
-    _write_json(out / STATE, state)
+        state.fail("prepare", f"{type(e).__name__}: {e}")
+    state.timings["prepare_s"] = round(time.monotonic() - start, 3)
+    state.save()
     return out
 
 
-def _prepare(cfg: SampleConfig, proxy: ProxyHandle, state: dict[str, Any]) -> None:
+def _prepare(cfg: SampleConfig, proxy: ProxyHandle, state: SampleState) -> None:
     task = cfg.task
-    state["runtime"] = resolve_runtime(cfg.runtime, task.image)
-    mounts = _mounts(state)
-    runtime = get_runtime(state["runtime"])
-    if state["runtime"] == "apptainer":
-        sandbox = runtime.prepare(mounts, image=task.image, instance=f"polar-{cfg.sample_id[:40]}-{uuid.uuid4().hex[:6]}")
-        state["instance"] = sandbox.name
-        _write_json(Path(state["out"]) / STATE, state)  # the instance is stopped by postrun even if we die now
-    else:
-        sandbox = runtime.prepare(mounts)
-    if task.workspace is not None:
-        _copy_workspace(sandbox, task.workspace, mounts.workspace)
-    session = new_session(proxy, task.task_id, cfg.sample_id)
-    state["session"] = asdict(session)
+    state.runtime = resolve_runtime(cfg.runtime, task.image)
+    mounts = state.mounts
+    sandbox = get_runtime(state.runtime).prepare(
+        mounts, image=task.image, instance=f"polar-{cfg.sample_id[:40]}-{uuid.uuid4().hex[:6]}")
+    state.instance = sandbox.name
+    if state.instance:
+        state.save()  # the instance is stopped by postrun even if we die now
+    state.session = new_session(proxy, task.task_id, cfg.sample_id)
     setup = HarnessSetup(cfg.adapter, task.instruction, cfg.model or cfg.adapter.model, cfg.way_in,
-                         state["runtime"], cfg.tools_bin)
-    rendered = render_harness(setup, mounts, session, write_ca(proxy, mounts.shared), Path(state["out"]))
-    state["harness"] = {"argv": list(rendered.argv), "env": rendered.env}
-
-
-def _copy_workspace(sandbox: Sandbox, src: Path, dst: Path) -> None:
-    if src.is_dir():
-        sandbox.copy_in(src, dst)
-        return
-    with tarfile.open(src, "r:gz") as tar:
-        tar.extractall(dst, filter="data")
+                         state.runtime, cfg.tools_bin)
+    rendered = prepare_harness(setup, sandbox, mounts, state.session, proxy, state.out, task.workspace)
+    state.harness = {"argv": list(rendered.argv), "env": rendered.env}
 
 
 def run_harness(sample_dir: Path) -> None:
     """The harness in the sample's sandbox, within the task's budget (less when the session budget is shorter)."""
     out = Path(sample_dir)
-    state = _load(out)
+    state = load_state(out)
     start = time.monotonic()
-    if state["outcome"] is None:
-        task = state["task"]
-        budget = min(task["timeout_s"], _session_left(state))
+    if state.outcome is None:
+        budget = min(state.task.timeout_s, _session_left(state))
+        assert state.harness is not None  # rendered by prepare, which set an outcome otherwise
         try:
-            result = exec_harness(_sandbox(state), state["harness"]["argv"], state["harness"]["env"],
-                                  _mounts(state), _proxy(state), budget, out)
-            state["exit_code"], state["timed_out"] = result.exit_code, result.timed_out
+            result = exec_harness(_sandbox(state), state.harness["argv"], state.harness["env"],
+                                  state.mounts, state.proxy, budget, out)
+            state.exit_code, state.timed_out = result.exit_code, result.timed_out
         except Exception as e:  # noqa: BLE001
-            _fail(state, f"harness: {type(e).__name__}: {e}")
-    state["timings"]["run_s"] = round(time.monotonic() - start, 3)
-    _write_json(out / STATE, state)
+            state.fail("harness", f"{type(e).__name__}: {e}")
+    state.timings["run_s"] = round(time.monotonic() - start, 3)
+    state.save()
 
 
-def _session_left(state: dict[str, Any]) -> float:
-    return max(1.0, state["task"]["session_timeout_s"] - (time.time() - state["started_at"]))
+def _session_left(state: SampleState) -> float:
+    return max(1.0, state.task.session_timeout_s - (time.time() - state.started_at))
 
 
 def evaluate_sample(sample_dir: Path) -> None:
     """The task's evaluator in the same sandbox; a crash is an infrastructure failure, not a reward."""
-    from polar.tasks.evaluate import EvaluatorCrash, evaluate
-    from polar.tasks.spec import EvaluatorSpec
-
     out = Path(sample_dir)
-    state = _load(out)
+    state = load_state(out)
     start = time.monotonic()
-    if state["outcome"] is None and not state["timed_out"]:
-        spec = EvaluatorSpec.from_dict(state["task"]["evaluator"])
-        summary = {k: state[k] for k in ("sample_id", "group_id", "adapter", "exit_code", "timed_out")}
-        summary["task_id"] = state["task"]["task_id"]
-        summary["files_changed"] = changed_since_start(out)
+    if state.outcome is None and not state.timed_out:
+        spec = state.task.evaluator
+        summary = {"sample_id": state.sample_id, "group_id": state.group_id, "adapter": state.adapter,
+                   "exit_code": state.exit_code, "timed_out": state.timed_out, "task_id": state.task.task_id,
+                   "files_changed": changed_since_start(out)}
         try:
-            result = evaluate(spec, _sandbox(state), _mounts(state), out, summary,
+            result = evaluate(spec, _sandbox(state), state.mounts, out, summary,
                               min(spec.timeout_s, _session_left(state)))
-            state["evaluation"] = asdict(result)
+            state.evaluation = asdict(result)
         except EvaluatorCrash as e:
-            state["evaluation"] = {"reward": None, "output": e.output, "detail": str(e)}
-            _fail(state, f"evaluator: {e}")
-    state["timings"]["evaluate_s"] = round(time.monotonic() - start, 3)
-    _write_json(out / STATE, state)
+            state.evaluation = {"reward": None, "output": e.output, "detail": str(e)}
+            state.fail("evaluator", str(e))
+    state.timings["evaluate_s"] = round(time.monotonic() - start, 3)
+    state.save()
 
 
 def postrun_sample(sample_dir: Path) -> SampleResult:
@@ -233,111 +184,89 @@ def postrun_sample(sample_dir: Path) -> SampleResult:
     out = Path(sample_dir)
     start = time.monotonic()
     cleanup_sample(out)
-    state = _load(out)
+    state = load_state(out)
     files = _captures(state)
     status, failure, reason, reward = _outcome(state, files)
-    entry = {"session_id": state["sample_id"], "status": status, "failure": failure, "reason": reason,
-             "reward": reward, "group_id": state["group_id"], "harness": state["adapter"],
-             "metadata": {**state["task"]["metadata"], "sample_id": state["sample_id"],
-                          "task_id": state["task"]["task_id"], "exit_code": state["exit_code"],
-                          "runtime": state["runtime"]}}
+    entry = {"session_id": state.sample_id, "status": status, "failure": failure, "reason": reason,
+             "reward": reward, "group_id": state.group_id, "harness": state.adapter,
+             "metadata": {**state.task.metadata, "sample_id": state.sample_id, "task_id": state.task.task_id,
+                          "exit_code": state.exit_code, "runtime": state.runtime}}
     parquet, build_error = _build(out, files, entry)
     if build_error and failure is None:
         status, failure, reason = "error", "infrastructure", build_error
     elif build_error:  # the outcome stands; say why its rows are missing
         reason = f"{reason}; {build_error}"
-    from polar_traj.outcomes import parse_entry, resolve
+    from polar_traj.outcomes import parse_entry, resolve  # lazy: numpy and the trajectory builder
 
     resolved = resolve(parse_entry({k: v for k, v in entry.items() if k != "metadata"} | {
         "status": status, "failure": failure}))
-    state["timings"]["postrun_s"] = round(time.monotonic() - start, 3)
-    evaluation = state.get("evaluation") or {}
+    state.timings["postrun_s"] = round(time.monotonic() - start, 3)
+    evaluation = state.evaluation or {}
     result = SampleResult(
-        state["sample_id"], state["task"]["task_id"], state["group_id"], state["adapter"], resolved.status,
-        resolved.failure, reason, resolved.reward, 1.0 if resolved.trainable else 0.0, state["exit_code"],
-        evaluation.get("output", ""), state["timings"], str(parquet) if parquet else None,
-        [str(f) for f in files], state["node"], state["runtime"], _count_calls(files))
-    _write_json(out / STATE, state)
-    _write_json(out / RESULT, result.to_dict())
+        state.sample_id, state.task.task_id, state.group_id, state.adapter, resolved.status,
+        resolved.failure, reason, resolved.reward, 1.0 if resolved.trainable else 0.0, state.exit_code,
+        evaluation.get("output", ""), state.timings, str(parquet) if parquet else None,
+        [str(f) for f in files], state.node, state.runtime, count_calls(files))
+    state.save()
+    atomic.write_text(out / RESULT, json.dumps(result.to_dict(), indent=2))
     return result
 
 
 def cleanup_sample(sample_dir: Path) -> None:
     """End the session and stop the sandbox; safe to call more than once and on any stage's failure."""
-    out = Path(sample_dir)
-    state = _load(out)
-    done = state.setdefault("cleaned", {})
-    session, sessions = state.get("session"), state["proxy"]["sessions"]
-    if session and sessions != "open" and not done.get("session"):
+    state = load_state(Path(sample_dir))
+    done, sessions = state.cleaned, state.proxy.sessions
+    if state.session and sessions != "open" and not done.get("session"):
         try:
-            from polar_mitm.sessions import unregister_session
+            from polar_mitm.sessions import unregister_session  # lazy: it brings aiohttp (0.3 s)
 
-            unregister_session(sessions, session["token"])
+            unregister_session(sessions, state.session.token)
         except Exception as e:  # noqa: BLE001
-            state.setdefault("cleanup_errors", []).append(f"unregister session: {e}")
+            state.cleanup_errors.append(f"unregister session: {e}")
         done["session"] = True
-    if state.get("instance") and not done.get("sandbox"):
+    if state.instance and not done.get("sandbox"):
         try:
             _sandbox(state).stop()
         except Exception as e:  # noqa: BLE001
-            state.setdefault("cleanup_errors", []).append(f"stop sandbox: {e}")
+            state.cleanup_errors.append(f"stop sandbox: {e}")
         done["sandbox"] = True
-    if state.get("shared_temporary"):
-        shutil.rmtree(state["shared"], ignore_errors=True)
-    _write_json(out / STATE, state)
+    if state.shared_temporary:
+        shutil.rmtree(state.shared, ignore_errors=True)
+    state.save()
 
 
-def _outcome(state: dict[str, Any], files: list[Path]) -> tuple[str, str | None, str | None, float | None]:
-    if state["outcome"] is not None:
-        o = state["outcome"]
-        return o["status"], o["failure"], o["reason"], None
-    if state["timed_out"]:
-        return "timeout", "agent_timeout", f"the agent ran past its {state['task']['timeout_s']:g}s budget", 0.0
+def _outcome(state: SampleState, files: list[Path]) -> tuple[str, str | None, str | None, float | None]:
+    if state.outcome is not None:
+        o = state.outcome
+        return o.status, o.failure, o.reason, None
+    if state.timed_out:
+        return "timeout", "agent_timeout", f"the agent ran past its {state.task.timeout_s:g}s budget", 0.0
     unreachable = _engine_unreachable(files)
     if unreachable:
         return "error", "infrastructure", unreachable, None
-    return "completed", None, None, (state.get("evaluation") or {}).get("reward")
+    return "completed", None, None, (state.evaluation or {}).get("reward")
 
 
 def _engine_unreachable(files: list[Path]) -> str | None:
     """A reason when every call the harness made failed (the engine was unreachable or refused them all)."""
-    from polar_traj.capture_reader import read_capture
-
     errors = [r.error for f in files for r in read_capture(f)]
     if errors and all(e is not None for e in errors):
         return f"every LLM call failed ({len(errors)}): {str(errors[-1])[:300]}"
     return None
 
 
-def _captures(state: dict[str, Any]) -> list[Path]:
-    session = state.get("session")
-    if not session:
+def _captures(state: SampleState) -> list[Path]:
+    if not state.session:
         return []
-    out = Path(state["out"])
-    proxy = _proxy(state)
-    s = Session(session["task_id"], session["session_id"], session["token"])
-    return capture_files(proxy, False, s, out)
+    return capture_files(state.proxy, False, state.session, state.out)
 
 
 def _build(out: Path, files: list[Path], entry: dict[str, Any]) -> tuple[Path | None, str | None]:
     if not files:
         return None, None
-    from polar_traj.build import BuildConfig
-    from polar_traj.outcomes import parse_outcomes
-    from polar_traj.pipeline import Selection, build_parquet
-
     target = out / "trajectories.parquet"
-    task_id, session_id = files[0].parent.name, files[0].stem
-    try:
-        build_parquet(Selection(files[0].parents[1], task_id, session_id), target,
-                      BuildConfig(strategy="prefix_merge"), parse_outcomes([entry]))
-    except (OSError, ValueError) as e:
-        return None, f"trajectories not built: {e}"
-    return target, None
-
-
-def _count_calls(files: list[Path]) -> int:
-    return sum(1 for f in files for line in f.read_text().splitlines() if line.strip())
+    built, error = build_trajectories(files, target, [entry])
+    return (target, None) if built is not None else (None, error)
 
 
 # -- all four in a row --------------------------------------------------------------------------------------------
@@ -363,8 +292,6 @@ def run_sample(cfg: SampleConfig, engine: EngineConfig, proxy: ProxyHandle | Non
 @contextmanager
 def _term_as_exit() -> Iterator[None]:
     """SIGTERM unwinds like Ctrl-C (so finally blocks stop the sandbox), in the main thread only."""
-    import threading
-
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -382,8 +309,6 @@ def _term_as_exit() -> Iterator[None]:
 def _private_sessions(folder: Path, stack: ExitStack) -> str:
     """A private redis-server on a unix socket for this sample's proxy, so that the session carries its task id
     (open mode names every session's task `local`); open mode when redis-server is not installed."""
-    from polar.run.local_redis import private_redis
-
     if not shutil.which("redis-server"):
         return "open"
     return stack.enter_context(private_redis(folder))

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tarfile
 import tempfile
 import time
 import uuid
@@ -25,11 +26,11 @@ from pathlib import Path
 from typing import Any
 
 from polar.harness.adapters import AdapterSpec
-from polar.sandbox.bridge import UnixToTcp
 from polar.harness.render import Endpoint, Rendered, RunValues, redact, render, write_files
-from polar.run.summary import RunSummary, changed_files, snapshot, summarize
-from polar.sandbox.runtime import ExecResult, Mounts, Sandbox, get_runtime
 from polar.run.services import ROOT, ProxyHandle, Session, context_view, new_session, reference_server, start_proxy
+from polar.run.summary import RunSummary, changed_files, snapshot, summarize
+from polar.sandbox.bridge import UnixToTcp
+from polar.sandbox.runtime import ExecResult, Mounts, Sandbox, get_runtime
 
 TOOLS_BIN = ROOT / ".tools" / "npm" / "node_modules" / ".bin"
 HARNESS_BIN = ROOT / ".tools" / "bin"  # commands of harnesses in their own environments (Python venvs, OpenClaw)
@@ -194,6 +195,18 @@ def render_harness(setup: HarnessSetup, mounts: Mounts, session: Session, endpoi
     return rendered
 
 
+def prepare_harness(setup: HarnessSetup, sandbox: Sandbox, mounts: Mounts, session: Session, proxy: ProxyHandle,
+                    out: Path, workspace: Path | None) -> Rendered:
+    """What `polar run` and a sample both do before the harness starts: the starting workspace (a directory or
+    a .tar.gz) copied in, the proxy's CA shared, the harness's files rendered."""
+    if workspace is not None and workspace.is_dir():
+        sandbox.copy_in(workspace, mounts.workspace)
+    elif workspace is not None:
+        with tarfile.open(workspace, "r:gz") as tar:
+            tar.extractall(mounts.workspace, filter="data")
+    return render_harness(setup, mounts, session, write_ca(proxy, mounts.shared), out)
+
+
 def exec_harness(sandbox: Sandbox, argv: list[str], env: dict[str, str], mounts: Mounts, proxy: ProxyHandle,
                  timeout_s: float, out: Path) -> ExecResult:
     """The harness in its sandbox, behind socket bridges to the proxy that live as long as it runs."""
@@ -216,11 +229,9 @@ def _exec_harness(cfg: RunConfig, proxy: ProxyHandle, session: Session, stack: E
     mounts = Mounts(out / "home", out / "workspace", shared)
     sandbox = get_runtime(cfg.runtime).prepare(mounts)
     stack.callback(sandbox.stop)
-    if cfg.workdir is not None:
-        sandbox.copy_in(cfg.workdir, mounts.workspace)
     setup = HarnessSetup(cfg.adapter, cfg.instruction, cfg.model or cfg.adapter.model, cfg.way_in, cfg.runtime,
                          cfg.tools_bin)
-    rendered = render_harness(setup, mounts, session, write_ca(proxy, shared), out)
+    rendered = prepare_harness(setup, sandbox, mounts, session, proxy, out, cfg.workdir)
     return exec_harness(sandbox, list(rendered.argv), rendered.env, mounts, proxy, cfg.timeout_s, out)
 
 

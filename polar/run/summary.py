@@ -59,9 +59,11 @@ def changed_files(before: dict[str, str], after: dict[str, str]) -> dict[str, li
     }
 
 
-def _count_calls(files: list[Path], summary: RunSummary) -> None:
+def count_calls(files: list[Path], summary: RunSummary | None = None) -> int:
+    """The calls recorded in these capture files (each file one session), tallied into `summary` if given."""
     from polar_traj.capture_reader import read_capture
 
+    summary = summary or RunSummary()
     for f in files:
         summary.sessions.append(f.stem)
         for r in read_capture(f):
@@ -69,6 +71,7 @@ def _count_calls(files: list[Path], summary: RunSummary) -> None:
             summary.error_calls += r.error is not None
             summary.prompt_tokens += len(r.prompt_ids)
             summary.output_tokens += len(r.output_ids)
+    return summary.calls
 
 
 def outcome_entries(files: list[Path], harness: str, status: str, reason: str | None) -> list[dict[str, Any]]:
@@ -85,18 +88,30 @@ def summarize(files: list[Path], parquet: Path, harness: str, status: str, reaso
     summary = RunSummary(files_changed=changed)
     if not files:
         return summary, None
-    from polar_traj.build import BuildConfig
-    from polar_traj.outcomes import parse_outcomes
-    from polar_traj.pipeline import Selection, build_parquet
-
     try:
-        _count_calls(files, summary)
-        root = files[0].parents[1]  # <captures>/<task_id>/<session>.jsonl
-        outcomes = parse_outcomes(outcome_entries(files, harness, status, reason))
-        built = build_parquet(Selection(root), parquet, BuildConfig(strategy="prefix_merge"), outcomes)
+        count_calls(files, summary)
     except (OSError, ValueError) as e:
         return summary, f"trajectories not built: {e}"
+    built, error = build_trajectories(files, parquet, outcome_entries(files, harness, status, reason), whole_dir=True)
+    if built is None:
+        return summary, error
     stats = built.stats
     summary.trajectories, summary.calls_merged = stats.trajectories, stats.calls_merged
     summary.starts, summary.breaks = dict(stats.starts), dict(stats.breaks)
     return summary, None
+
+
+def build_trajectories(files: list[Path], parquet: Path, entries: list[dict[str, Any]],
+                       whole_dir: bool = False) -> tuple[Any, str | None]:
+    """prefix_merge trajectories of the capture files' sessions (or, with whole_dir, of every session in their
+    folder's capture root), with these outcome entries, into `parquet`: (BuildResult, None), or (None, why)."""
+    from polar_traj.build import BuildConfig
+    from polar_traj.outcomes import parse_outcomes
+    from polar_traj.pipeline import Selection, build_parquet
+
+    root = files[0].parents[1]  # <captures>/<task_id>/<session>.jsonl
+    selection = Selection(root) if whole_dir else Selection(root, files[0].parent.name, files[0].stem)
+    try:
+        return build_parquet(selection, parquet, BuildConfig(strategy="prefix_merge"), parse_outcomes(entries)), None
+    except (OSError, ValueError) as e:
+        return None, f"trajectories not built: {e}"

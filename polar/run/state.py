@@ -1,0 +1,92 @@
+"""A sample's state between its stages: `<out>/sample.json`, read and written whole by each stage (polar/run/sample.py).
+
+One typed record instead of a loose dict, so a stage cannot misspell a key or put a status where a failure goes;
+the file keeps the JSON shape the workers read (`session`) and the tests check (`instance`, `cleaned`)."""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Literal
+
+from polar.run.services import ProxyHandle, Session
+from polar.sandbox.runtime import Mounts
+from polar.tasks.spec import TaskSpec
+from polar_traj import atomic
+
+STATE = "sample.json"
+
+Status = Literal["completed", "timeout", "error"]  # polar_traj's vocabulary
+Failure = Literal["agent_timeout", "infrastructure"]
+Stage = Literal["prepare", "harness", "evaluator"]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a sample ended when a stage decided it early (else the evaluator's reward decides)."""
+
+    status: Status
+    failure: Failure | None
+    reason: str | None
+
+
+@dataclass
+class SampleState:
+    sample_id: str
+    group_id: str
+    out: Path
+    task: TaskSpec
+    adapter: str
+    adapter_source: str
+    way_in: str  # https_proxy | base_url
+    runtime: str  # as asked, then as resolved by prepare (apptainer | bwrap | local)
+    engine: dict[str, Any]  # EngineConfig, for the record
+    proxy: ProxyHandle
+    shared: Path  # the socket folder shared with the sandbox
+    shared_temporary: bool
+    node: str
+    started_at: float
+    instance: str | None = None  # the sandbox's name, once it runs (an apptainer instance)
+    session: Session | None = None
+    harness: dict[str, Any] | None = None  # rendered argv and env
+    outcome: Outcome | None = None
+    exit_code: int | None = None
+    timed_out: bool = False
+    evaluation: dict[str, Any] | None = None  # polar.tasks.evaluate's result, or the crash
+    timings: dict[str, float] = field(default_factory=dict)
+    cleaned: dict[str, bool] = field(default_factory=dict)  # session, sandbox: done by cleanup
+    cleanup_errors: list[str] = field(default_factory=list)
+
+    @property
+    def mounts(self) -> Mounts:
+        return Mounts(self.out / "home", self.out / "workspace", self.shared)
+
+    def fail(self, stage: Stage, reason: str, failure: Failure = "infrastructure") -> None:
+        """Record the first failure of the sample (later ones do not overwrite it)."""
+        if self.outcome is None:
+            self.outcome = Outcome("error", failure, f"{stage}: {reason}")
+
+    def to_dict(self) -> dict[str, Any]:
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        data.update(out=str(self.out), task=self.task.to_dict(), shared=str(self.shared),
+                    proxy={**asdict(self.proxy), "ca_cert": str(self.proxy.ca_cert),
+                           "capture_dir": str(self.proxy.capture_dir)},
+                    session=asdict(self.session) if self.session else None,
+                    outcome=asdict(self.outcome) if self.outcome else None)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SampleState:
+        p, s, o = data["proxy"], data.get("session"), data.get("outcome")
+        return cls(**{**data, "out": Path(data["out"]), "task": TaskSpec.from_dict(data["task"]),
+                      "shared": Path(data["shared"]),
+                      "proxy": ProxyHandle(p["host"], p["proxy_port"], p["base_url_port"], Path(p["ca_cert"]),
+                                           Path(p["capture_dir"]), p["sessions"]),
+                      "session": Session(**s) if s else None, "outcome": Outcome(**o) if o else None})
+
+    def save(self) -> None:
+        atomic.write_text(self.out / STATE, json.dumps(self.to_dict(), indent=2))
+
+
+def load_state(out: Path) -> SampleState:
+    return SampleState.from_dict(json.loads((Path(out) / STATE).read_text()))
