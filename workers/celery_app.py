@@ -13,7 +13,10 @@ from kombu import Exchange, Queue
 from workers import node
 from workers.settings import load_settings
 
-settings = load_settings()
+try:
+    settings = load_settings()
+except ValueError as e:  # one clear line, not a traceback, and no worker
+    raise SystemExit(f"polar worker: {e}") from None
 
 
 def queue(name: str) -> Queue:

@@ -7,6 +7,8 @@
   POLAR_ENGINE        its token API: sglang | vllm        sglang
   POLAR_MODEL_DIR     tokenizer + chat template           fixtures/tiny-qwen2
   POLAR_RUNTIME       sandbox runtime                      auto
+                      `local` (the harness on the host filesystem, its own results within reach) is refused
+                      unless the node opts in with POLAR_ALLOW_LOCAL=1
   POLAR_OUTPUT_ROOT   batch folders (shared storage)       runs/batches
   POLAR_NODE          this node's name (its queues)        the host name
   POLAR_PROXY         reuse a running `polar proxy`: http://HOST:PORT,http://HOST:PORT,CAPTURE_DIR[,CA]
@@ -23,6 +25,7 @@ from pathlib import Path
 from typing import Mapping
 from urllib.parse import urlsplit, urlunsplit
 
+from polar.sandbox.runtime import RUNTIMES
 from polar_mitm.engines import parse_backends
 from polar_traj.records import check_id
 
@@ -62,6 +65,15 @@ def node_name(raw: str) -> str:
     return check_id(raw, "POLAR_NODE")
 
 
+def check_runtime(runtime: str, allow_local: str) -> str:
+    if runtime not in RUNTIMES:
+        raise ValueError(f"POLAR_RUNTIME {runtime!r}: expected one of {', '.join(RUNTIMES)}")
+    if runtime == "local" and allow_local != "1":
+        raise ValueError("POLAR_RUNTIME=local refused: the agent would run on this node's filesystem and could "
+                         "write any file, its own results included; use auto, or set POLAR_ALLOW_LOCAL=1 to opt in")
+    return runtime
+
+
 def load_settings(env: Mapping[str, str] | None = None) -> WorkerSettings:
     env = os.environ if env is None else env
     broker = env.get("POLAR_BROKER", DEFAULT_BROKER)
@@ -75,6 +87,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> WorkerSettings:
         engine_urls = parse_backends(env.get("POLAR_ENGINE_URL", "http://127.0.0.1:30000"))
     except ValueError as e:
         raise ValueError(f"POLAR_ENGINE_URL: {e}") from e
+    runtime = check_runtime(env.get("POLAR_RUNTIME", "auto"), env.get("POLAR_ALLOW_LOCAL", ""))
     retries = env.get("POLAR_INFRA_RETRIES", "2")
     if not retries.isdigit():
         raise ValueError(f"POLAR_INFRA_RETRIES {retries!r}: expected a whole number")
@@ -84,7 +97,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> WorkerSettings:
         engine_url=",".join(engine_urls),
         engine=engine,
         model_dir=Path(env.get("POLAR_MODEL_DIR", str(ROOT / "fixtures" / "tiny-qwen2"))).resolve(),
-        runtime=env.get("POLAR_RUNTIME", "auto"),
+        runtime=runtime,
         output_root=Path(env.get("POLAR_OUTPUT_ROOT", "runs/batches")).resolve(),
         node=node_name(env.get("POLAR_NODE") or socket.gethostname().split(".")[0]),
         proxy=env.get("POLAR_PROXY") or None,

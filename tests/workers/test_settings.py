@@ -1,6 +1,11 @@
 """workers.settings: configuration from the environment, local defaults, clear errors."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from workers.settings import load_settings, sessions_url
@@ -33,3 +38,26 @@ def test_sessions_beside_the_broker(broker, sessions):
 def test_bad_settings_name_the_variable(env, message):
     with pytest.raises(ValueError, match=message):
         load_settings(env)
+
+
+def test_runtime_local_is_refused_unless_the_node_opts_in():
+    with pytest.raises(ValueError, match="POLAR_RUNTIME=local refused.*POLAR_ALLOW_LOCAL=1"):
+        load_settings({"POLAR_NODE": "n1", "POLAR_RUNTIME": "local"})
+    with pytest.raises(ValueError, match="POLAR_RUNTIME=local refused"):
+        load_settings({"POLAR_NODE": "n1", "POLAR_RUNTIME": "local", "POLAR_ALLOW_LOCAL": "yes"})
+    assert load_settings({"POLAR_NODE": "n1", "POLAR_RUNTIME": "local", "POLAR_ALLOW_LOCAL": "1"}).runtime == "local"
+    assert load_settings({"POLAR_NODE": "n1", "POLAR_RUNTIME": "bwrap"}).runtime == "bwrap"
+    with pytest.raises(ValueError, match="POLAR_RUNTIME 'docker'"):
+        load_settings({"POLAR_NODE": "n1", "POLAR_RUNTIME": "docker"})
+
+
+def test_a_local_worker_refuses_to_start_with_one_line():
+    """`POLAR_RUNTIME=local celery -A workers worker`: exit 1, one line on stderr, no worker."""
+    root = Path(__file__).resolve().parents[2]
+    celery = Path(sys.executable).with_name("celery")
+    env = {k: v for k, v in os.environ.items() if k != "POLAR_ALLOW_LOCAL"} | {"POLAR_RUNTIME": "local"}
+    proc = subprocess.run([str(celery), "-A", "workers", "worker"], cwd=root, env=env, capture_output=True,
+                          text=True, timeout=120)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 1 and len(lines) == 1, proc.stderr
+    assert lines[0].startswith("polar worker: POLAR_RUNTIME=local refused") and "POLAR_ALLOW_LOCAL=1" in lines[0]
