@@ -7,7 +7,9 @@ group it moved to:
   v2  a child of our own cgroup, when `pids` and `memory` are enabled for children there.
 Otherwise the limits fall back to rlimits set with `prlimit` (RLIMIT_NPROC, RLIMIT_DATA). Measured here:
 RLIMIT_NPROC does not bound root at all (the kernel exempts real uid 0, also inside a user namespace with
-another mapped uid), so a root without cgroups has no process bound; RLIMIT_DATA bounds each process's heap,
+another mapped uid), and root's sandboxes all run as the one polar-sandbox uid (identity.py), where RLIMIT_NPROC
+would count every sample's threads on the node together: so a root without cgroups sets none and has no process
+bound; RLIMIT_DATA bounds each process's heap,
 not the sandbox's total (RLIMIT_AS would break node, whose V8 and WebAssembly reserve large address ranges).
 """
 from __future__ import annotations
@@ -29,9 +31,10 @@ class Limits:
 
     memory_bytes: int = 4 << 30
     processes: int = 1024
+    file_bytes: int = 4 << 30  # RLIMIT_FSIZE: the largest file a sandbox process may write or fallocate
 
     def __post_init__(self) -> None:
-        if self.memory_bytes < 16 << 20 or self.processes < 8:
+        if self.memory_bytes < 16 << 20 or self.processes < 8 or self.file_bytes < 1 << 20:
             raise ValueError(f"limits too small to start anything: {self}")
 
 
@@ -190,12 +193,16 @@ def make_cgroup(limits: Limits) -> Cgroup | None:
     return None
 
 
-def rlimit_wrap(cmd: list[str], limits: Limits) -> list[str]:
-    """The fallback: per-process rlimits set by `prlimit` (see the module docstring for what they bound)."""
+def rlimit_wrap(cmd: list[str], limits: Limits, in_cgroup: bool = False) -> list[str]:
+    """Per-process rlimits set by `prlimit`: always the file size; memory and processes too where no cgroup
+    bounds them (the fallback; see the module docstring for what they bound)."""
     prlimit = shutil.which("prlimit")
     if prlimit is None:
         return cmd
-    return [prlimit, f"--nproc={limits.processes}", f"--data={limits.memory_bytes}", "--", *cmd]
+    fallback = [] if in_cgroup else [f"--data={limits.memory_bytes}"]
+    if not in_cgroup and os.geteuid() != 0:
+        fallback.insert(0, f"--nproc={limits.processes}")
+    return [prlimit, f"--fsize={limits.file_bytes}", *fallback, "--", *cmd]
 
 
 def mechanism() -> str:
@@ -205,5 +212,5 @@ def mechanism() -> str:
         cgroup.remove()
         return cgroup.mechanism
     if os.geteuid() == 0:
-        return "rlimits (RLIMIT_DATA per process; RLIMIT_NPROC does not bind root)"
+        return "rlimits (RLIMIT_DATA per process; no process bound: the sandbox uid is shared by every sample)"
     return "rlimits (RLIMIT_NPROC per uid, RLIMIT_DATA per process)"

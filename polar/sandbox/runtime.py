@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Mapping, Protocol, Sequence
 
 from polar.sandbox import bridge
+from polar.sandbox.capture import CappedCopy
 from polar.sandbox.identity import Identity, copy_without_privileges, drop_privilege_bits, hand_over, sandbox_identity
 from polar.sandbox.limits import DEFAULT_LIMITS, Limits, make_cgroup, rlimit_wrap
 
@@ -118,27 +119,38 @@ def run_as(who: Identity | None, mounts: Mounts, cmd: Sequence[str], env: Mappin
 def run_group(cmd: Sequence[str], env: Mapping[str, str], cwd: Path, timeout_s: float,
               stdout: Path, stderr: Path, limits: Limits | None = DEFAULT_LIMITS) -> ExecResult:
     """Run in its own process group (and cgroup, with `limits`); on timeout TERM then KILL the whole group;
-    when it ends, kill whatever is left in its cgroup."""
+    when it ends, kill whatever is left in its cgroup. Its stdout and stderr go to the files, capped
+    (polar/sandbox/capture.py: head and tail kept)."""
     start = time.monotonic()
     cgroup = make_cgroup(limits) if limits is not None else None
-    cmd = cgroup.wrap(list(cmd)) if cgroup else rlimit_wrap(list(cmd), limits) if limits else list(cmd)
+    if limits is not None:
+        cmd = cgroup.wrap(rlimit_wrap(list(cmd), limits, True)) if cgroup else rlimit_wrap(list(cmd), limits)
+    copies: list[CappedCopy] = []
     try:
-        with open(stdout, "wb") as out, open(stderr, "wb") as err:
-            proc = subprocess.Popen(cmd, env=dict(env), cwd=cwd, stdin=subprocess.DEVNULL,
-                                    stdout=out, stderr=err, start_new_session=True)
-            timed_out = False
-            try:
-                code = proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-                code = _kill_group(proc)
-            except BaseException:
-                _kill_group(proc)
-                raise
+        files = [open(stdout, "wb"), open(stderr, "wb")]
+        try:
+            proc = subprocess.Popen(cmd, env=dict(env), cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, start_new_session=True)
+        except BaseException:
+            for f in files:
+                f.close()
+            raise
+        copies = [CappedCopy(proc.stdout, files[0]), CappedCopy(proc.stderr, files[1])]
+        timed_out = False
+        try:
+            code = proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            code = _kill_group(proc)
+        except BaseException:
+            _kill_group(proc)
+            raise
     finally:
         reaped = cgroup.kill_all() if cgroup else 0
         if cgroup:
             cgroup.remove()
+        for copy in copies:
+            copy.wait()
     return ExecResult(code, timed_out, round(time.monotonic() - start, 3), reaped)
 
 

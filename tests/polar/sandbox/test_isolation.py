@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import threading
 import uuid
@@ -283,6 +284,7 @@ probe sysctl-write sh -c 'v=$(cat /proc/sys/kernel/printk_ratelimit_burst) && ec
 probe core-pattern sh -c 'v=$(cat /proc/sys/kernel/core_pattern) && echo "$v" > /proc/sys/kernel/core_pattern'
 probe sysrq sh -c 'echo h > /proc/sysrq-trigger'
 probe sys-write sh -c 'for f in /sys/power/state /sys/kernel/mm/transparent_hugepage/enabled; do [ -e $f ] && : > $f && exit 0; done; ls /sys >/dev/null 2>&1 && touch /sys/x'
+probe fallocate-500G fallocate -l 500G big
 cp /bin/sh suid-sh && chmod 4755 suid-sh && chmod 2755 . && echo "setuid-made: done: $(stat -c %a suid-sh)"
 echo "uid-inside: done: $(id -u)"
 echo probes-over
@@ -309,8 +311,10 @@ def host_uid_of(cmdline: str, deadline_s: float = 60) -> int:
 @pytest.mark.parametrize("runtime", ISOLATED)
 def test_sandbox_holds_no_host_privilege(runtime, tmp_path):
     """From inside, started by root: no sysctl, /proc/sysrq-trigger or /sys write; the sandbox's process is not
-    uid 0 on the host; a mode-4755 file it leaves is no setuid file on the host."""
+    uid 0 on the host; a mode-4755 file it leaves is no setuid file on the host; a 500 GB fallocate fails
+    inside (RLIMIT_FSIZE) and takes nothing from the host's disk."""
     m = mounts_in(tmp_path)
+    free_before = shutil.disk_usage(m.workspace).free
     tag = 2000 + int(uuid.uuid4().hex[:4], 16) % 5000
     seen: list[int] = []
     watcher = threading.Thread(target=lambda: seen.append(host_uid_of(f"sleep 4.{tag}")), daemon=True)
@@ -319,9 +323,12 @@ def test_sandbox_holds_no_host_privilege(runtime, tmp_path):
     watcher.join(5)
     tried = attempts(out)
     assert result.exit_code == 0 and "probes-over" in out and "slept" in out, out + err
-    for name in ("sysctl-write", "core-pattern", "sysrq", "sys-write"):
+    for name in ("sysctl-write", "core-pattern", "sysrq", "sys-write", "fallocate-500G"):
         assert tried[name][0] == "refused", f"{name}: {tried[name]}\n{out}"
     assert seen and seen[0] != 0, f"host uid of the sandbox's process: {seen}"
+    big = m.workspace / "big"
+    assert not big.exists() or big.stat().st_blocks * 512 <= runtime_mod.DEFAULT_LIMITS.file_bytes
+    assert free_before - shutil.disk_usage(m.workspace).free < 1 << 30  # others' tests write too: a margin
     made = m.workspace / "suid-sh"
     assert tried["setuid-made"] == ("done", "4755")  # inside, the chmod works...
     st = made.stat()
