@@ -152,7 +152,8 @@ def _sample_rows(layout: Layout, traj: pd.DataFrame) -> pd.DataFrame:
             rows.append({"sample_id": r["sample_id"], "task_id": r["task_id"], "group_id": r.get("group_id") or "",
                          "harness": r.get("adapter") or "unknown", "status": r["status"],
                          "failure": r.get("failure"), "reason": r.get("reason"), "reward": r.get("reward"),
-                         "node": r.get("node"), "timings": r.get("timings") or {}})
+                         "node": r.get("node"), "timings": r.get("timings") or {},
+                         "tampered": list(r.get("tampered") or [])})
         return pd.DataFrame(rows)
     timings = dict((layout.info.get("timings") or {})) if layout.kind == "run" else {}
     rows = []
@@ -161,9 +162,10 @@ def _sample_rows(layout: Layout, traj: pd.DataFrame) -> pd.DataFrame:
         outcome = first["meta"].get("outcome") or {}
         rows.append({"sample_id": sample_id, "task_id": first["task_id"], "group_id": first["group_id"],
                      "harness": first["harness"], "status": first["status"], "failure": outcome.get("failure"),
-                     "reason": outcome.get("reason"), "reward": first["reward"], "node": None, "timings": timings})
+                     "reason": outcome.get("reason"), "reward": first["reward"], "node": None, "timings": timings,
+                     "tampered": list((first["meta"].get("task") or {}).get("tampered") or [])})
     return pd.DataFrame(rows, columns=["sample_id", "task_id", "group_id", "harness", "status", "failure",
-                                       "reason", "reward", "node", "timings"])
+                                       "reason", "reward", "node", "timings", "tampered"])
 
 
 def _join_samples(samples: pd.DataFrame, traj: pd.DataFrame, calls: pd.DataFrame) -> pd.DataFrame:

@@ -100,6 +100,12 @@ def status(d: ReportData) -> str:
                           [[a, b, c, n] for (a, b, c), n in reasons.items()]))
     else:
         body.append(note("Every sample completed: no failure reasons."))
+    tampered = s[s["tampered"].map(bool)] if "tampered" in s else s.iloc[:0]
+    if len(tampered):
+        body.append(note(f"{len(tampered)} sample(s) tampered with the verifier (protected files changed or Python "
+                         "start-up hooks left in HOME; restored before scoring):"))
+        body.append(table(["sample", "task", "reward", "tampered"],
+                          [[r.sample_id, r.task_id, r.reward, ", ".join(r.tampered)] for r in tampered.itertuples()]))
     return section("status", "Status and failure reasons", body)
 
 

@@ -1,12 +1,15 @@
 """One scored sample: a task's workspace in a sandbox, a harness working on it through the proxy, the task's
-evaluator in the same sandbox, and the sample's trajectories with reward, status and weight (docs/tasks.md).
+evaluator in a fresh sandbox where the agent never was, and the sample's trajectories with reward, status and
+weight (docs/tasks.md).
 
 Four stages, each a public function whose state lives in `<out>/sample.json`, so each may run in another process
 of the same node (the Celery workers do that); `run_sample` runs the four in a row:
   prepare_sample(cfg, engine, proxy) -> out   workspace copied, sandbox started, session registered, harness
                                               files rendered
   run_harness(out)                            the harness, behind socket bridges to the proxy
-  evaluate_sample(out)                        the evaluator (skipped after a failure or an agent timeout)
+  evaluate_sample(out)                        the agent's sandbox stopped, then the evaluator on a copy of the
+                                              final workspace with the task's tests (skipped after a failure
+                                              or an agent timeout)
   postrun_sample(out) -> SampleResult         trajectories.parquet (atomic), session unregistered, sandbox
                                               stopped, result.json
 None raises for a harness, sandbox or evaluator failure: that becomes status/failure/reason (polar_traj's
@@ -22,7 +25,7 @@ import threading
 import time
 import uuid
 from contextlib import ExitStack, contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -30,12 +33,13 @@ from polar.harness.adapters import AdapterSpec
 from polar.run.local_redis import private_redis
 from polar.run.services import ProxyHandle, new_session
 from polar.run.session import (DEFAULT_CONFDIR, HARNESS_BIN, TOOLS_BIN, EngineConfig, HarnessSetup, capture_files,
-                               changed_since_start, exec_harness, prepare_harness, shared_dir, start_services)
-from polar.run.summary import build_trajectories, count_calls
+                               exec_harness, prepare_harness, shared_dir, start_services)
+from polar.run.summary import build_trajectories, changed_files, count_calls, snapshot
 from polar.run.state import SampleState, load_state
 from polar.sandbox.runtime import Sandbox, get_runtime, resolve_runtime
 from polar.tasks.evaluate import EvaluatorCrash, evaluate
 from polar.tasks.spec import TaskSpec
+from polar.tasks.verify import prepare_verify
 from polar_traj import atomic
 from polar_traj.capture_reader import read_capture
 from polar_traj.records import check_id
@@ -56,6 +60,7 @@ class SampleConfig:
     model: str | None = None  # model name the harness asks for; default: the adapter's
     confdir: Path = DEFAULT_CONFDIR  # CA dir of a proxy started by run_sample
     tools_bin: tuple[Path, ...] = (TOOLS_BIN, HARNESS_BIN)  # as polar run; Apptainer binds only .tools/npm
+    sampling: dict[str, Any] | None = None  # fixed for every LLM call (polar_mitm/sampling.py); None: the request's
 
 
 @dataclass
@@ -77,6 +82,7 @@ class SampleResult:
     node: str
     runtime: str = ""
     calls: int = 0
+    tampered: list[str] = field(default_factory=list)  # protected paths the agent changed, HOME start-up hooks
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -129,7 +135,7 @@ def _prepare(cfg: SampleConfig, proxy: ProxyHandle, state: SampleState) -> None:
     state.instance = sandbox.name
     if state.instance:
         state.save()  # the instance is stopped by postrun even if we die now
-    state.session = new_session(proxy, task.task_id, cfg.sample_id)
+    state.session = new_session(proxy, task.task_id, cfg.sample_id, task.max_calls, cfg.sampling)
     setup = HarnessSetup(cfg.adapter, task.instruction, cfg.model or cfg.adapter.model, cfg.way_in,
                          state.runtime, cfg.tools_bin)
     rendered = prepare_harness(setup, sandbox, mounts, state.session, proxy, state.out, task.workspace)
@@ -159,24 +165,42 @@ def _session_left(state: SampleState) -> float:
 
 
 def evaluate_sample(sample_dir: Path) -> None:
-    """The task's evaluator in the same sandbox; a crash is an infrastructure failure, not a reward."""
+    """The task's evaluator where the agent never was (polar/tasks/verify.py): the agent's sandbox stopped and its
+    token ended first, then a fresh sandbox over a copy of the final workspace with the task's tests. Never raises:
+    what goes wrong here that the workspace did not cause is the sample's infrastructure failing."""
     out = Path(sample_dir)
+    cleanup_sample(out)
     state = load_state(out)
     start = time.monotonic()
     if state.outcome is None and not state.timed_out:
-        spec = state.task.evaluator
-        summary = {"sample_id": state.sample_id, "group_id": state.group_id, "adapter": state.adapter,
-                   "exit_code": state.exit_code, "timed_out": state.timed_out, "task_id": state.task.task_id,
-                   "files_changed": changed_since_start(out)}
         try:
-            result = evaluate(spec, _sandbox(state), state.mounts, out, summary,
-                              min(spec.timeout_s, _session_left(state)))
-            state.evaluation = asdict(result)
-        except EvaluatorCrash as e:
-            state.evaluation = {"reward": None, "output": e.output, "detail": str(e)}
-            state.fail("evaluator", str(e))
+            _verify(state, out)
+        except Exception as e:  # noqa: BLE001 - Polar's or the machine's failure, never a reward
+            state.fail("evaluator", f"{type(e).__name__}: {e}")
     state.timings["evaluate_s"] = round(time.monotonic() - start, 3)
     state.save()
+    cleanup_sample(out)  # the verifier's sandbox too, whatever happened
+
+
+def _verify(state: SampleState, out: Path) -> None:
+    spec = state.task.evaluator
+    before, after = json.loads((out / "workspace.before.json").read_text()), snapshot(out / "workspace")
+    summary = {"sample_id": state.sample_id, "group_id": state.group_id, "adapter": state.adapter,
+               "exit_code": state.exit_code, "timed_out": state.timed_out, "task_id": state.task.task_id,
+               "files_changed": changed_files(before, after)}
+    ground = prepare_verify(state.task, out, before, after)
+    state.tampered = list(ground.tampered)
+    sandbox = get_runtime(state.runtime).prepare(
+        ground.mounts, image=state.task.image, instance=f"polar-verify-{state.sample_id[:33]}-{uuid.uuid4().hex[:6]}")
+    state.verify_instance = sandbox.name
+    state.save()  # stopped by cleanup even if this process dies now
+    try:
+        result = evaluate(spec, sandbox, ground.mounts, out, summary, min(spec.timeout_s, _session_left(state)),
+                          state.task.reward_range)
+        state.evaluation = asdict(result)
+    except EvaluatorCrash as e:
+        state.evaluation = {"reward": None, "output": e.output, "detail": str(e)}
+        state.fail("evaluator", str(e))
 
 
 def postrun_sample(sample_dir: Path) -> SampleResult:
@@ -190,7 +214,7 @@ def postrun_sample(sample_dir: Path) -> SampleResult:
     entry = {"session_id": state.sample_id, "status": status, "failure": failure, "reason": reason,
              "reward": reward, "group_id": state.group_id, "harness": state.adapter,
              "metadata": {**state.task.metadata, "sample_id": state.sample_id, "task_id": state.task.task_id,
-                          "exit_code": state.exit_code, "runtime": state.runtime}}
+                          "exit_code": state.exit_code, "runtime": state.runtime, "tampered": state.tampered}}
     parquet, build_error = _build(out, files, entry)
     if build_error and failure is None:
         status, failure, reason = "error", "infrastructure", build_error
@@ -206,7 +230,7 @@ def postrun_sample(sample_dir: Path) -> SampleResult:
         state.sample_id, state.task.task_id, state.group_id, state.adapter, resolved.status,
         resolved.failure, reason, resolved.reward, 1.0 if resolved.trainable else 0.0, state.exit_code,
         evaluation.get("output", ""), state.timings, str(parquet) if parquet else None,
-        [str(f) for f in files], state.node, state.runtime, count_calls(files))
+        [str(f) for f in files], state.node, state.runtime, count_calls(files), state.tampered)
     state.save()
     atomic.write_text(out / RESULT, json.dumps(result.to_dict(), indent=2))
     return result
@@ -224,12 +248,14 @@ def cleanup_sample(sample_dir: Path) -> None:
         except Exception as e:  # noqa: BLE001
             state.cleanup_errors.append(f"unregister session: {e}")
         done["session"] = True
-    if state.instance and not done.get("sandbox"):
-        try:
-            _sandbox(state).stop()
-        except Exception as e:  # noqa: BLE001
-            state.cleanup_errors.append(f"stop sandbox: {e}")
-        done["sandbox"] = True
+    for key, mounts, instance in (("sandbox", state.mounts, state.instance),
+                                  ("verify_sandbox", state.verify_mounts, state.verify_instance)):
+        if instance and not done.get(key):
+            try:
+                get_runtime(state.runtime).attach(mounts, state.task.image, instance).stop()
+            except Exception as e:  # noqa: BLE001
+                state.cleanup_errors.append(f"stop {key.replace('_', ' ')}: {e}")
+            done[key] = True
     if state.shared_temporary:
         shutil.rmtree(state.shared, ignore_errors=True)
     state.save()

@@ -1,7 +1,8 @@
 """A sample's state between its stages: `<out>/sample.json`, read and written whole by each stage (polar/run/sample.py).
 
 One typed record instead of a loose dict, so a stage cannot misspell a key or put a status where a failure goes;
-the file keeps the JSON shape the workers read (`session`) and the tests check (`instance`, `cleaned`)."""
+the file keeps the JSON shape the workers read (`session`) and the tests check (`instance`, `cleaned`); a file
+written before a field existed reads with that field's default."""
 from __future__ import annotations
 
 import json
@@ -53,6 +54,8 @@ class SampleState:
     exit_code: int | None = None
     timed_out: bool = False
     evaluation: dict[str, Any] | None = None  # polar.tasks.evaluate's result, or the crash
+    verify_instance: str | None = None  # the verifier's own sandbox, once it runs
+    tampered: list[str] = field(default_factory=list)  # polar.tasks.verify: what the agent did to the verifier
     timings: dict[str, float] = field(default_factory=dict)
     cleaned: dict[str, bool] = field(default_factory=dict)  # session, sandbox: done by cleanup
     cleanup_errors: list[str] = field(default_factory=list)
@@ -60,6 +63,11 @@ class SampleState:
     @property
     def mounts(self) -> Mounts:
         return Mounts(self.out / "home", self.out / "workspace", self.shared)
+
+    @property
+    def verify_mounts(self) -> Mounts:
+        root = self.out / "verify"
+        return Mounts(root / "home", root / "workspace", root / "shared")
 
     def fail(self, stage: Stage, reason: str, failure: Failure = "infrastructure") -> None:
         """Record the first failure of the sample (later ones do not overwrite it)."""

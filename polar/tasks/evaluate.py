@@ -1,14 +1,19 @@
 """Evaluators: turn a finished sample into a reward (spec: polar/tasks/spec.py EvaluatorSpec, docs/tasks.md).
 
-  command  a shell line run in the sample's own sandbox, in its workspace, after the harness exited, with its
-           own timeout: reward 1.0 for exit 0 else 0.0, or the float on the last line of stdout (`reward:
-           stdout`) or in the workspace file `reward_file` (`reward: file`)
+They run on the verify ground (polar/tasks/verify.py): a fresh sandbox over a copy of the final workspace with
+the task's tests staged and a fresh HOME, never where the agent ran.
+  command  a shell line run in that sandbox, in the workspace copy, with its own timeout: reward 1.0 for exit 0
+           else 0.0, or the float on the last line of stdout (`reward: stdout`) or in the workspace file
+           `reward_file` (`reward: file`, read on the host without following links)
   files    expected paths (relative to the workspace) and contents (null: must exist): 1.0 when all match
   python   `module:function(workspace: Path, summary: dict)` -> float or {"reward": float, "output": str},
            run on the host in a child process (`python -m polar.tasks.evaluate`) with the timeout
 
-An evaluator that cannot give a reward (timed out, command not found, no reward where one was asked for, an
-exception) raises EvaluatorCrash: the sample is then an infrastructure error, not a zero reward.
+Who failed decides: what the workspace caused (the task's command failing in any way, exit 126/127 included,
+a missing, linked or malformed reward, a timeout on a machine that was not overloaded, a python verifier
+raising) is reward 0 for a sample that completed. EvaluatorCrash is kept for what the host can prove is not the
+agent's: a python verifier that cannot be imported or returns no number, a reward outside the task's
+`reward_range` or not finite, a timeout on an overloaded machine. The sample is then an infrastructure error.
 """
 from __future__ import annotations
 
@@ -16,16 +21,24 @@ import argparse
 import importlib
 import json
 import math
+import os
 import sys
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from polar.sandbox.runtime import Mounts, Sandbox, run_group
-from polar.tasks.spec import EvaluatorSpec
+from polar.tasks.spec import DEFAULT_REWARD_RANGE, EvaluatorSpec
+from polar.tasks.verify import AgentFileError, AgentFileMissing, read_beneath
 
 OUTPUT_LIMIT = 20000  # characters of evaluator output kept
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# A verifier timeout while the 1-minute load average per core is above this is the machine's fault (the sample is
+# masked and retried), below it the workspace's (an endless loop in the agent's code: reward 0). This project's
+# own test suite runs 2 cores near load 15.
+OVERLOAD_PER_CORE = 8.0
+EXIT_IMPORT, EXIT_RAISED, EXIT_NO_NUMBER = 3, 4, 5  # the python verifier's child: who failed
 
 
 class EvaluatorCrash(RuntimeError):
@@ -42,57 +55,70 @@ class Evaluation:
 
 
 def evaluate(spec: EvaluatorSpec, sandbox: Sandbox, mounts: Mounts, out: Path, summary: dict[str, Any],
-             timeout_s: float) -> Evaluation:
+             timeout_s: float, reward_range: tuple[float, float] = DEFAULT_REWARD_RANGE) -> Evaluation:
+    """The reward of the verify ground `mounts`; EvaluatorCrash for a failure that is not the agent's."""
     if spec.kind == "command":
-        return _command(spec, sandbox, mounts, out, timeout_s)
-    if spec.kind == "files":
-        return _files(spec, mounts.workspace)
-    return _python(spec, mounts, out, summary, timeout_s)
+        result = _command(spec, sandbox, mounts, out, timeout_s)
+    elif spec.kind == "files":
+        result = _files(spec, mounts.workspace)
+    else:
+        result = _python(spec, mounts, out, summary, timeout_s)
+    low, high = reward_range
+    if not (math.isfinite(result.reward) and low <= result.reward <= high):
+        raise EvaluatorCrash(f"reward {result.reward!r} is outside the task's reward_range [{low:g}, {high:g}]",
+                             result.output)
+    return result
 
 
 def _command(spec: EvaluatorSpec, sandbox: Sandbox, mounts: Mounts, out: Path, timeout_s: float) -> Evaluation:
     stdout, stderr = out / "evaluator.stdout", out / "evaluator.stderr"
+    # The task's environment, not the agent's: a fresh HOME, and no user site or script-folder path for python.
     env = {"PATH": SANDBOX_PATH, "HOME": str(mounts.home), "LANG": "C.UTF-8", "TMPDIR": str(mounts.home / ".tmp"),
-           "PYTHONDONTWRITEBYTECODE": "1"}
-    (mounts.home / ".tmp").mkdir(exist_ok=True)
+           "PYTHONDONTWRITEBYTECODE": "1", "PYTHONNOUSERSITE": "1", "PYTHONSAFEPATH": "1"}
     result = sandbox.exec(["sh", "-c", spec.command or "false"], env, mounts.workspace, timeout_s, stdout, stderr)
     text = _read(stdout)
     output = (text + _read(stderr))[-OUTPUT_LIMIT:]
     if result.timed_out:
-        raise EvaluatorCrash(f"timed out after {timeout_s:g}s: {spec.command}", output)
-    if result.exit_code in (126, 127):
-        raise EvaluatorCrash(f"command could not run (exit {result.exit_code}): {spec.command}", output)
+        load = os.getloadavg()[0] / (os.cpu_count() or 1)
+        if load > OVERLOAD_PER_CORE:
+            raise EvaluatorCrash(f"timed out after {timeout_s:g}s on an overloaded machine (load {load:.1f} per "
+                                 f"core): {spec.command}", output)
+        return Evaluation(0.0, output + f"\n[polar] the task's command timed out after {timeout_s:g}s: reward 0",
+                          None)
     if spec.reward == "exit":
         return Evaluation(1.0 if result.exit_code == 0 else 0.0, output, result.exit_code)
+    if result.exit_code in (126, 127):  # the workspace broke the scorer (e.g. os._exit(127) on import)
+        return Evaluation(0.0, output + f"\n[polar] the task's command exited {result.exit_code}: reward 0",
+                          result.exit_code)
     if spec.reward == "stdout":
         lines = [line for line in text.splitlines() if line.strip()]
-        return Evaluation(_reward(lines[-1] if lines else "", "the last line of stdout", output), output,
-                          result.exit_code)
-    path = mounts.workspace / spec.reward_file
-    if not path.is_file():
-        raise EvaluatorCrash(f"no reward file {spec.reward_file} in the workspace (exit {result.exit_code})", output)
-    return Evaluation(_reward(path.read_text(errors="replace").strip(), spec.reward_file, output), output,
-                      result.exit_code)
-
-
-def _reward(text: str, where: str, output: str) -> float:
+        return _parsed(lines[-1] if lines else "", "the last line of stdout", output, result.exit_code)
     try:
-        value = float(text)
+        text = read_beneath(mounts.workspace, spec.reward_file).decode(errors="replace")
+    except AgentFileError as e:
+        return Evaluation(0.0, output + f"\n[polar] {e}: reward 0", result.exit_code)
+    return _parsed(text.strip(), spec.reward_file, output, result.exit_code)
+
+
+def _parsed(text: str, where: str, output: str, exit_code: int | None) -> Evaluation:
+    """A reward as printed: no number at all is the workspace's failure (0); a number out of bounds is checked
+    against the task's reward_range by evaluate()."""
+    try:
+        return Evaluation(float(text), output, exit_code)
     except ValueError:
-        raise EvaluatorCrash(f"{where} is not a number: {text[:100]!r}", output) from None
-    if not math.isfinite(value):
-        raise EvaluatorCrash(f"{where} is not a finite number: {text[:100]!r}", output)
-    return value
+        return Evaluation(0.0, output + f"\n[polar] {where} is not a number ({text[:100]!r}): reward 0", exit_code)
 
 
 def _files(spec: EvaluatorSpec, workspace: Path) -> Evaluation:
     lines, ok = [], True
     for rel, expected in spec.files.items():
-        path = workspace / rel
-        if not path.is_file():
+        try:
+            data = read_beneath(workspace, rel)
+        except AgentFileError as e:
             ok = False
-            lines.append(f"missing: {rel}")
-        elif expected is not None and path.read_text(errors="replace") != expected:
+            lines.append(f"missing: {rel}" if isinstance(e, AgentFileMissing) else f"unreadable: {e}")
+            continue
+        if expected is not None and data.decode(errors="replace") != expected:
             ok = False
             lines.append(f"differs: {rel}")
         else:
@@ -105,15 +131,16 @@ def _python(spec: EvaluatorSpec, mounts: Mounts, out: Path, summary: dict[str, A
     summary_file.write_text(json.dumps(summary, indent=2))
     result_file.unlink(missing_ok=True)
     stdout, stderr = out / "evaluator.stdout", out / "evaluator.stderr"
-    cmd = [sys.executable, "-m", "polar.tasks.evaluate", spec.python or "", str(mounts.workspace), str(summary_file),
-           str(result_file)]
-    import os
-
+    # -s: no user site of the host's HOME; the verifier's own modules come from the project (PYTHONPATH).
+    cmd = [sys.executable, "-s", "-m", "polar.tasks.evaluate", spec.python or "", str(mounts.workspace),
+           str(summary_file), str(result_file)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))}
     result = run_group(cmd, env, out, timeout_s, stdout, stderr, None)
     output = (_read(stdout) + _read(stderr))[-OUTPUT_LIMIT:]
     if result.timed_out:
         raise EvaluatorCrash(f"{spec.python} timed out after {timeout_s:g}s", output)
+    if result.exit_code == EXIT_RAISED:  # it raised on the agent's files: the workspace's failure
+        return Evaluation(0.0, output + f"\n[polar] {spec.python} raised on the workspace: reward 0", EXIT_RAISED)
     if result.exit_code != 0 or not result_file.is_file():
         last = output.strip().splitlines()[-1] if output.strip() else f"exit {result.exit_code}"
         raise EvaluatorCrash(f"{spec.python} failed: {last}", output)
@@ -134,11 +161,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("result", type=Path)
     args = p.parse_args(argv)
     module, _, name = args.target.partition(":")
-    func = getattr(importlib.import_module(module), name)
-    value = func(args.workspace, json.loads(args.summary.read_text()))
+    try:
+        func = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as e:
+        print(f"{args.target}: {type(e).__name__}: {e}", file=sys.stderr)
+        return EXIT_IMPORT
+    try:
+        value = func(args.workspace, json.loads(args.summary.read_text()))
+    except Exception:  # noqa: BLE001 - the verifier met something in the workspace it could not take
+        traceback.print_exc()
+        return EXIT_RAISED
     reward, output = (value.get("reward"), str(value.get("output", ""))) if isinstance(value, dict) else (value, "")
     if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
-        raise SystemExit(f"{args.target} returned {value!r}: expected a finite number or {{'reward': number}}")
+        print(f"{args.target} returned {value!r}: expected a finite number or {{'reward': number}}", file=sys.stderr)
+        return EXIT_NO_NUMBER
     args.result.write_text(json.dumps({"reward": float(reward), "output": output}))
     return 0
 

@@ -4,7 +4,10 @@ A task file is YAML (one task mapping, a list of them, or `{tasks: [...]}`) or J
 Each task: task_id, instruction, workspace (a directory or a .tar.gz, copied into the sandbox), image (an
 Apptainer SIF or sandbox directory, or `host` for the local/bwrap runtimes), adapter (optional: the batch's
 default otherwise), evaluator, timeout_s (the agent's budget), session_timeout_s (the whole sample),
-metadata (free-form, carried into the trajectory table). Relative paths are relative to the task file.
+metadata (free-form, carried into the trajectory table); for verification (polar/tasks/verify.py): tests (a
+directory staged over the final workspace copy, never shown to the agent), protected (workspace globs restored
+before verification and flagged when changed), reward_range (default [0, 1]); max_calls (the session's LLM call
+cap). Relative paths are relative to the task file.
 Every error is one line: "FILE:LINE: FIELD: problem".
 """
 from __future__ import annotations
@@ -22,7 +25,7 @@ import yaml
 from polar_traj.records import check_id
 
 TASK_KEYS = ("task_id", "instruction", "workspace", "image", "adapter", "evaluator", "timeout_s",
-             "session_timeout_s", "metadata")
+             "session_timeout_s", "metadata", "tests", "protected", "reward_range", "max_calls")
 EVALUATOR_KINDS = ("command", "files", "python")
 REWARD_SOURCES = ("exit", "stdout", "file")
 EVALUATOR_KEYS = {"command": {"command", "reward", "reward_file", "timeout_s"},
@@ -31,6 +34,8 @@ EVALUATOR_KEYS = {"command": {"command", "reward", "reward_file", "timeout_s"},
 DEFAULT_TIMEOUT_S = 600.0
 DEFAULT_EVAL_TIMEOUT_S = 120.0
 SESSION_MARGIN_S = 120.0  # default session budget beyond the agent's and the evaluator's
+DEFAULT_REWARD_RANGE = (0.0, 1.0)
+DEFAULT_MAX_CALLS = 400  # LLM calls one session may make (harness and anything the agent runs, together)
 _PY_TARGET = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
 
 
@@ -70,19 +75,28 @@ class TaskSpec:
     timeout_s: float = DEFAULT_TIMEOUT_S
     session_timeout_s: float = DEFAULT_TIMEOUT_S + DEFAULT_EVAL_TIMEOUT_S + SESSION_MARGIN_S
     metadata: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    tests: Path | None = None  # task-owned verification files, staged after the run (the agent never sees them)
+    protected: tuple[str, ...] = ()  # workspace globs the agent must not change (restored, flagged as tampered)
+    reward_range: tuple[float, float] = DEFAULT_REWARD_RANGE
+    max_calls: int = DEFAULT_MAX_CALLS
 
     def to_dict(self) -> dict[str, Any]:
         return {"task_id": self.task_id, "instruction": self.instruction,
                 "workspace": str(self.workspace) if self.workspace else None, "image": self.image,
                 "adapter": self.adapter, "evaluator": self.evaluator.to_dict(), "timeout_s": self.timeout_s,
-                "session_timeout_s": self.session_timeout_s, "metadata": dict(self.metadata)}
+                "session_timeout_s": self.session_timeout_s, "metadata": dict(self.metadata),
+                "tests": str(self.tests) if self.tests else None, "protected": list(self.protected),
+                "reward_range": list(self.reward_range), "max_calls": self.max_calls}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TaskSpec:
         return cls(data["task_id"], data["instruction"], Path(data["workspace"]) if data.get("workspace") else None,
                    data["image"], data.get("adapter"), EvaluatorSpec.from_dict(data["evaluator"]),
                    float(data["timeout_s"]), float(data["session_timeout_s"]),
-                   MappingProxyType(dict(data.get("metadata") or {})))
+                   MappingProxyType(dict(data.get("metadata") or {})),
+                   Path(data["tests"]) if data.get("tests") else None, tuple(data.get("protected") or ()),
+                   tuple(data.get("reward_range") or DEFAULT_REWARD_RANGE),  # type: ignore[arg-type]
+                   int(data.get("max_calls") or DEFAULT_MAX_CALLS))
 
 
 @dataclass(frozen=True)
@@ -199,7 +213,9 @@ def _parse_task(raw: Any, where: _Where, base: Path) -> TaskSpec:
         adapter = _text(adapter, "adapter", where)
     return TaskSpec(task_id, instruction, _workspace(raw.get("workspace"), where, base),
                     _image(raw.get("image", "host"), where, base), adapter, evaluator, timeout, session,
-                    MappingProxyType(dict(metadata)))
+                    MappingProxyType(dict(metadata)), _tests(raw.get("tests"), where, base),
+                    _globs(raw.get("protected"), where), _range(raw.get("reward_range"), where),
+                    _count(raw.get("max_calls", DEFAULT_MAX_CALLS), "max_calls", where))
 
 
 def _text(value: Any, key: str, where: _Where) -> str:
@@ -221,6 +237,42 @@ def _workspace(value: Any, where: _Where, base: Path) -> Path | None:
     if not (path.is_dir() or (path.is_file() and path.name.endswith((".tar.gz", ".tgz")))):
         raise where.fail("workspace", f"{path} is neither a directory nor a .tar.gz file")
     return path.resolve()
+
+
+def _tests(value: Any, where: _Where, base: Path) -> Path | None:
+    if value is None:
+        return None
+    path = base / _text(value, "tests", where)
+    if not path.is_dir():
+        raise where.fail("tests", f"{path} is not a directory")
+    return path.resolve()
+
+
+def _globs(value: Any, where: _Where) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(g, str) and g.strip() for g in value):
+        raise where.fail("protected", f"expected a list of workspace globs, got {value!r}")
+    bad = [g for g in value if g.startswith("/") or ".." in Path(g).parts]
+    if bad:
+        raise where.fail("protected", f"{bad[0]!r}: globs are relative to the workspace, inside it")
+    return tuple(value)
+
+
+def _range(value: Any, where: _Where) -> tuple[float, float]:
+    if value is None:
+        return DEFAULT_REWARD_RANGE
+    ok = isinstance(value, list) and len(value) == 2 and all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in value)
+    if not ok or value[0] >= value[1]:
+        raise where.fail("reward_range", f"expected [low, high] with finite low < high, got {value!r}")
+    return float(value[0]), float(value[1])
+
+
+def _count(value: Any, key: str, where: _Where) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise where.fail(key, f"expected a positive whole number, got {value!r}")
+    return value
 
 
 def _image(value: Any, where: _Where, base: Path) -> str:

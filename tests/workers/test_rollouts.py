@@ -40,6 +40,9 @@ TASKS = {
     "long": {"instruction": "Wait LONG.", "evaluator": {"command": "true", "timeout_s": 30}},
     "count": {"instruction": "Count to three.",
               "evaluator": {"command": "test $(wc -l < count.txt) -eq 3", "timeout_s": 30}},
+    "exit127": {"instruction": "Break the verifier.",  # the scorer imports the agent's answer.py, which exits 127
+                "evaluator": {"command": "python3 -I -c 'import sys; sys.path.insert(0, \".\"); import answer'",
+                              "reward": "stdout", "timeout_s": 30}},
 }
 
 
@@ -263,6 +266,17 @@ def test_unreachable_image_is_retried_then_masked(cluster: Cluster):
     assert batch.progress().reward_mean is None
     df = batch.trajectories()
     assert (df.weight == 0).all()  # whatever it recorded is masked
+
+
+def test_a_verifier_broken_by_the_workspace_scores_zero_and_is_not_retried(cluster: Cluster):
+    """Exit 127 caused by the agent's own file is its failure: reward 0, trainable, one attempt (issue 22)."""
+    batch = cluster.submit(("breaker", "exit127"), group_size=1)
+    batch.wait(timeout=300)
+    result = batch.results()[0]
+    assert (result["status"], result["failure"], result["reward"], result["attempts"]) == (
+        "completed", None, 0.0, 1), cluster.diagnose(batch)
+    df = batch.trajectories()
+    assert len(df) and (df.weight == 1).all() and (df.reward == 0).all()
 
 
 def test_fence_holds_calls_across_a_weight_reload(cluster: Cluster):

@@ -173,7 +173,8 @@ def make_batch(root: Path, tiny_model_dir: Path) -> Path:
                   "failure": failure, "reason": entry["reason"], "reward": reward, "weight": 1.0, "exit_code": 0,
                   "evaluator_output": "", "timings": {"prepare_s": 1.0 + i, "run_s": 5.0, "evaluate_s": 0.5,
                                                       "postrun_s": 0.25},
-                  "trajectories": str(built.path), "capture_files": [str(capture)], "node": "node-1"}
+                  "trajectories": str(built.path), "capture_files": [str(capture)], "node": "node-1",
+                  "tampered": ["conftest.py"] if i == 1 else []}
         (folder / "result.json").write_text(json.dumps(result))
     (root / "batch.json").write_text(json.dumps({"batch_id": "b1", "engine": "polar serve (reference)",
                                                  "model": str(tiny_model_dir), "wall_s": 42.0, "group_size": 2}))
@@ -192,6 +193,8 @@ def test_batch_page_in_chromium(tmp_path, tiny_model_dir):
     for plot in BATCH_PLOTS:
         assert f'data-plot="{plot}"' in rendered, plot
     assert "sandbox failed to start" in rendered and "agent_timeout" in rendered
+    assert "1 sample(s) tampered with the verifier" in rendered
+    assert re.search(r"<td[^>]*>fix-a-pi-1</td><td[^>]*>fix-a</td><td[^>]*>0</td><td[^>]*>conftest.py</td>", rendered)
     assert rendered.count('<tr><td><a href="#traj=') == 6  # one table row per sample, each linked
     # parts scored one sample at a time: the page computes the group advantages over the batch
     assert "computed here over the batch" in rendered

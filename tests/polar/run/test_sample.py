@@ -49,7 +49,7 @@ def fixed(tmp_path_factory, start_reference_server, policies_dir, long_model, re
     tmp = tmp_path_factory.mktemp("samples")
     tasks = load_tasks(DEMO)
     crash = dataclasses.replace(tasks[0], task_id="fix-calc-crash",
-                                evaluator=EvaluatorSpec("python", python="tests.polar.tasks.task_evaluators:crash"))
+                                evaluator=EvaluatorSpec("python", python="tests.polar.tasks.task_evaluators:no_number"))
     no_image = dataclasses.replace(tasks[1], task_id="fix-greet-no-image", image=str(tmp / "no-such-image"))
     configs = {(t.task_id, a): sample(t, a, tmp) for t in tasks for a in HARNESSES}
     configs[("crash", "pi")] = sample(crash, "pi", tmp)
@@ -87,7 +87,8 @@ def test_fixed_bug_scores_one(fixed, tokenizer, task_id: str, harness: str) -> N
     assert result.exit_code == 0 and result.runtime == "apptainer"
     assert "1 passed" in result.evaluator_output
     state = json.loads((cfg.out / "sample.json").read_text())
-    assert state["cleaned"] == {"session": True, "sandbox": True}
+    assert state["cleaned"] == {"session": True, "sandbox": True, "verify_sandbox": True}
+    assert state["instance"] != state["verify_instance"] and result.tampered == []  # verified in a fresh instance
     table = rows(result)
     assert table and all(r["task_id"] == task_id and r["group_id"] == task_id for r in table)
     assert all(r["reward"] == 1.0 and r["status"] == "completed" and r["weight"] == 1.0 for r in table)
@@ -100,14 +101,15 @@ def test_fixed_bug_scores_one(fixed, tokenizer, task_id: str, harness: str) -> N
 
 
 @pytest.mark.slow
-def test_crashing_evaluator_is_an_infrastructure_error(fixed) -> None:
+def test_broken_verifier_is_an_infrastructure_error(fixed) -> None:
+    """A verifier that returns no number is the task's bug, not the agent's: masked, not a zero."""
     cfg, future = fixed[("crash", "pi")]
     result = future.result()
     assert (result.status, result.failure, result.weight) == ("error", "infrastructure", 0.0), diagnose(cfg)
-    assert result.reason.startswith("evaluator: ") and "the verifier itself is broken" in result.reason
+    assert result.reason.startswith("evaluator: ") and "expected a finite number" in result.reason
     table = rows(result)  # the trajectory is kept, masked
     assert all(r["weight"] == 0.0 and r["status"] == "error" and set(r["loss_mask"]) <= {0} for r in table)
-    assert "the verifier itself is broken" in json.loads(table[0]["metadata"])["outcome"]["reason"]
+    assert "expected a finite number" in json.loads(table[0]["metadata"])["outcome"]["reason"]
 
 
 @pytest.mark.slow

@@ -12,3 +12,7 @@ def half(workspace: Path, summary: dict[str, Any]) -> dict[str, Any]:
 
 def crash(workspace: Path, summary: dict[str, Any]) -> float:
     raise RuntimeError("the verifier itself is broken")
+
+
+def no_number(workspace: Path, summary: dict[str, Any]) -> str:
+    return "yes"

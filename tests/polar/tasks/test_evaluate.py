@@ -8,6 +8,7 @@ from typing import Iterator
 
 import pytest
 
+from polar.tasks import evaluate as evaluate_mod
 from polar.tasks.evaluate import EvaluatorCrash, evaluate
 from polar.sandbox.runtime import Mounts, get_runtime
 from polar.tasks.spec import EvaluatorSpec
@@ -50,20 +51,65 @@ def test_reward_from_stdout_and_file(box, tmp_path) -> None:
     assert result.reward == 0.75 and result.exit_code == 3
 
 
-@pytest.mark.parametrize("spec,message", [
+@pytest.mark.parametrize("spec,why", [
     (EvaluatorSpec("command", command="echo not-a-number", reward="stdout"), "not a number"),
-    (EvaluatorSpec("command", command="true", reward="file", reward_file="none.txt"), "no reward file none.txt"),
-    (EvaluatorSpec("command", command="no-such-verifier --run"), "could not run"),
-    (EvaluatorSpec("python", python="tests.polar.tasks.task_evaluators:crash"), "the verifier itself is broken"),
-    (EvaluatorSpec("python", python="tests.polar.no_such_module:score"), "No module named"),
+    (EvaluatorSpec("command", command="true", reward="file", reward_file="none.txt"), "no none.txt"),
+    (EvaluatorSpec("command", command="no-such-verifier --run"), None),  # exit 127: reward exit says 0
+    (EvaluatorSpec("command", command="exit 127", reward="stdout"), "exited 127"),
+    (EvaluatorSpec("python", python="tests.polar.tasks.task_evaluators:crash"), "raised on the workspace"),
 ])
-def test_crashes(box, tmp_path, spec: EvaluatorSpec, message: str) -> None:
+def test_the_workspaces_failures_score_zero(box, tmp_path, spec: EvaluatorSpec, why: str | None) -> None:
+    """What the workspace caused is a reward of 0, never a crash the agent could choose to be masked by."""
+    result = score(box, spec, tmp_path)
+    assert result.reward == 0.0
+    assert why is None or why in result.output
+
+
+@pytest.mark.parametrize("spec,message", [
+    (EvaluatorSpec("python", python="tests.polar.no_such_module:score"), "No module named"),
+    (EvaluatorSpec("python", python="tests.polar.tasks.task_evaluators:no_such_function"), "no_such_function"),
+    (EvaluatorSpec("python", python="tests.polar.tasks.task_evaluators:no_number"), "expected a finite number"),
+    (EvaluatorSpec("command", command="echo 1e308", reward="stdout"), r"reward 1e\+308 is outside"),
+    (EvaluatorSpec("command", command="echo nan", reward="stdout"), "reward nan is outside"),
+    (EvaluatorSpec("command", command="echo 32768 > r.txt", reward="file", reward_file="r.txt"), "reward 32768.0 is"),
+])
+def test_the_verifiers_own_failures_crash(box, tmp_path, spec: EvaluatorSpec, message: str) -> None:
     with pytest.raises(EvaluatorCrash, match=message):
         score(box, spec, tmp_path)
 
 
-def test_command_timeout_is_a_crash(box, tmp_path) -> None:
-    with pytest.raises(EvaluatorCrash, match="timed out after 2s"):
+def test_reward_range_is_the_tasks(box, tmp_path) -> None:
+    spec = EvaluatorSpec("command", command="echo 7", reward="stdout")
+    assert evaluate(spec, box, box.mounts, tmp_path, SUMMARY, 30, reward_range=(-10.0, 10.0)).reward == 7.0
+
+
+def test_a_symlinked_reward_file_scores_zero(box, tmp_path) -> None:
+    """A reward file that is a link (to a host file, or to a sibling's answer) is never followed: reward 0."""
+    host_file = tmp_path / "sibling-reward.txt"
+    host_file.write_text("1\n")
+    link = box.mounts.workspace / "linked.txt"
+    link.symlink_to(host_file)
+    try:
+        for target in (host_file, Path("/proc/sys/kernel/pid_max")):
+            link.unlink()
+            link.symlink_to(target)
+            spec = EvaluatorSpec("command", command="true", reward="file", reward_file="linked.txt")
+            result = score(box, spec, tmp_path)
+            assert result.reward == 0.0 and "symlink" in result.output
+        files = EvaluatorSpec("files", files=MappingProxyType({"linked.txt": None}))
+        assert score(box, files, tmp_path).reward == 0.0
+    finally:
+        link.unlink()
+
+
+def test_command_timeout_scores_zero_unless_the_machine_is_overloaded(box, tmp_path, monkeypatch) -> None:
+    """A verifier that hangs on the workspace's code is reward 0; the same timeout above the stated load bound
+    is the machine's failure (the bound is moved here, so the test does not depend on this machine's load)."""
+    monkeypatch.setattr(evaluate_mod, "OVERLOAD_PER_CORE", float("inf"))
+    result = score(box, EvaluatorSpec("command", command="sleep 30"), tmp_path, timeout=2)
+    assert result.reward == 0.0 and "timed out after 2s" in result.output
+    monkeypatch.setattr(evaluate_mod, "OVERLOAD_PER_CORE", -1.0)
+    with pytest.raises(EvaluatorCrash, match="timed out after 2s on an overloaded machine"):
         score(box, EvaluatorSpec("command", command="sleep 30"), tmp_path, timeout=2)
 
 

@@ -23,7 +23,9 @@ def test_demo_tasks_load() -> None:
     tasks = load_tasks(DEMO)
     assert [t.task_id for t in tasks] == ["fix-calc", "fix-greet", "fix-wordcount"]
     calc = tasks[0]
-    assert calc.workspace == DEMO.parent / "calc" and (calc.workspace / "tests" / "test_calc.py").is_file()
+    assert calc.workspace == DEMO.parent / "calc" and (calc.tests / "tests" / "test_calc.py").is_file()
+    assert not (calc.workspace / "tests").exists() and not (calc.workspace / "conftest.py").exists()  # hidden
+    assert "conftest.py" in calc.protected and "tests/**" in calc.protected and calc.reward_range == (0.0, 1.0)
     assert calc.image == str((ROOT / ".cache" / "images" / "polar-tasks" / "rootfs").resolve())
     assert calc.evaluator.kind == "command" and calc.evaluator.reward == "exit" and calc.evaluator.timeout_s == 60
     assert calc.timeout_s == 120 and calc.session_timeout_s > calc.timeout_s
@@ -65,6 +67,12 @@ BAD = [
     (GOOD.replace("{command: python3 -m pytest -q}", "{python: not-a-target}"), 5, "evaluator.python"),
     (GOOD.replace("{command: python3 -m pytest -q}", "{files: {/etc/passwd: x}}"), 5, "evaluator.files"),
     (GOOD.replace("{command: python3 -m pytest -q}", "{command: x, timeout_s: 0}"), 5, "evaluator.timeout_s"),
+    (GOOD + "  tests: no-such-folder\n", 6, "tests"),
+    (GOOD + "  protected: conftest.py\n", 6, "protected"),
+    (GOOD + "  protected: [../outside]\n", 6, "protected"),
+    (GOOD + "  reward_range: [1, 0]\n", 6, "reward_range"),
+    (GOOD + "  reward_range: [0, .inf]\n", 6, "reward_range"),
+    (GOOD + "  max_calls: 0\n", 6, "max_calls"),
     (GOOD + GOOD, 6, "task_id"),  # the same id twice: the second one is named
     ("- task_id: [unclosed\n", 2, "yaml"),
 ]
