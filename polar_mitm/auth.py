@@ -1,7 +1,8 @@
 """Session identity: maps each flow's credentials to a registered rollout session (DESIGN.md §2).
 
 A routed flow leaves this addon with a session or with a local answer (407/401, or 503 when the session store
-cannot be asked), and without its credential headers, whatever the credentials hold."""
+cannot be asked), and without its credential headers, whatever the credentials hold. An LLM call of a session
+with a call cap is counted here (`polar_call_number`); the router refuses the calls past the cap."""
 from __future__ import annotations
 
 import logging
@@ -79,6 +80,13 @@ class SessionAuth:
             status = 401 if is_base_url_mode(flow) else 407
             flow.response = error_response(api, status, "polar: unknown session credentials")
             return
+        if session.max_calls is not None and flow.metadata["polar_route"].kind == "generate":
+            try:  # the router refuses a call past the cap (polar_mitm/router.py), and records it
+                flow.metadata["polar_call_number"] = await self.store.count_call(session)
+            except SessionStoreError as e:
+                log.error("polar: %s", e)
+                flow.response = error_response(api, 503, "polar: session store unavailable", "overloaded_error")
+                return
         flow.metadata["polar_session"] = session
 
     async def _resolve(self, flow: http.HTTPFlow, headers: dict[str, str]) -> Session | None:

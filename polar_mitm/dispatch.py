@@ -19,6 +19,7 @@ from polar_mitm.prompt import SessionHistory
 from polar_mitm.provider_responses import error_response, json_response
 from polar_mitm.providers import CODECS
 from polar_mitm.replicas import Engines, Replica
+from polar_mitm.sampling import apply_fixed
 from polar_mitm.session_cache import SessionCache
 
 log = logging.getLogger(__name__)
@@ -89,17 +90,20 @@ class Dispatcher:
         if room <= 0:
             raise ProviderError(400, f"prompt is {len(call.prompt.ids)} tokens; the model's context is "
                                      f"{model.context_length} tokens", "context_length_exceeded")
-        max_new = min(call.conv.sampling.max_tokens or options.max_tokens, room)
-        call.engine_request = engine_request(options.engine, call.prompt.ids, call.conv.sampling, max_new,
+        sampling, overridden = apply_fixed(call.conv.sampling, call.session.sampling)
+        max_new = min(sampling.max_tokens or options.max_tokens, room)
+        call.engine_request = engine_request(options.engine, call.prompt.ids, sampling, max_new,
                                              call.conv.stream, options.engine_model)
         call.detok, call.parser = model.new_decoder(call.call_id)
-        call.flags.extend(model.dropped_by_template(call.conv))
-        if call.flags and key not in self._warned:
+        dropped = model.dropped_by_template(call.conv)
+        call.flags.extend(dropped)
+        call.flags.extend(overridden)  # the trainer's sampling, not the request's (polar_mitm/sampling.py)
+        if dropped and key not in self._warned:
             if len(self._warned) > 10_000:
                 self._warned.clear()
             self._warned.add(key)
             log.warning("polar: session %s/%s: the chat template of %s drops %s; the model cannot see them",
-                        *key, options.tokenizer, ", ".join(call.flags))
+                        *key, options.tokenizer, ", ".join(dropped))
 
     async def complete(self, call: calls.Call) -> http.Response:
         """The provider's reply to a non-streamed call, recorded before it is returned."""

@@ -57,6 +57,16 @@ def scrub_surrogates(value: Any) -> Any:
     return value
 
 
+def check_call_cap(session, number: int) -> None:
+    """The session's `number`th LLM call is refused past its cap: a provider error the SDKs do not retry."""
+    if session.max_calls is not None and number > session.max_calls:
+        if number == session.max_calls + 1:
+            log.warning("polar: session %s/%s reached its cap of %d LLM calls; later calls are refused",
+                        session.task_id, session.session_id, session.max_calls)
+        raise ProviderError(400, f"polar: this session may make {session.max_calls} LLM calls (the task's max_calls); "
+                                 f"call {number} is refused")
+
+
 class Router:
     def __init__(self, capture: Capture, fence: Fence) -> None:
         self.fence = fence
@@ -160,6 +170,7 @@ class Router:
             if route.kind != "generate":
                 flow.response = self._side_answer(route, call.conv)
                 return
+            check_call_cap(session, flow.metadata.get("polar_call_number", 0))
             await self.fence.hold(flow.id)
             await self.dispatch.place(call)
             self.dispatch.build(call)

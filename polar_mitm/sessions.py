@@ -16,12 +16,15 @@ from dataclasses import dataclass
 from typing import Protocol
 from urllib.parse import parse_qs, urlsplit
 
+from polar_mitm.conversation import Sampling
 from polar_mitm.engines import placement_key
+from polar_mitm.sampling import parse_sampling, sampling_dict
 from polar_traj.records import ID_PATTERN, check_id
 
 log = logging.getLogger(__name__)
 OPEN_TASK_ID = "local"
 REDIS_PREFIX = "polar:session:"
+CALLS_PREFIX = "polar:calls:"  # + task_id/session_id: the session's LLM calls so far (INCR), for its call cap
 ENDED_CHANNEL = "polar:session-ended"  # unregister_session publishes {task_id, session_id} here
 # Headers harnesses send that name their own session (DESIGN.md §7); used in open mode only.
 SESSION_HINT_HEADERS = ("x-claude-code-session-id", "session-id", "session_id", "x-session-id")
@@ -33,6 +36,8 @@ _CREDENTIAL = re.compile(r"[\x21-\x7e]{1,512}")
 class Session:
     task_id: str
     session_id: str
+    sampling: Sampling | None = None  # fixed by the trainer (polar_mitm/sampling.py); None: each request's own
+    max_calls: int | None = None  # LLM calls the session may make; None: no cap
 
 
 @dataclass(frozen=True)
@@ -47,6 +52,8 @@ class SessionStoreError(Exception):
 
 class SessionStore(Protocol):
     async def lookup(self, creds: Credentials, hint: str | None) -> Session | None: ...
+
+    async def count_call(self, session: Session) -> int: ...
 
 
 def parse_sessions_spec(spec: str) -> "OpenSessions | RedisSessions":
@@ -86,6 +93,9 @@ class OpenSessions:
             return Session(OPEN_TASK_ID, hashed_id(creds.secret))  # an API key is never a file name
         return Session(OPEN_TASK_ID, "anonymous")
 
+    async def count_call(self, session: Session) -> int:
+        return 0  # open sessions carry no call cap
+
 
 class RedisSessions:
     """Sessions registered by workers in Redis: `polar:session:<token>` -> {task_id, session_id}.
@@ -109,22 +119,52 @@ class RedisSessions:
         if raw is None:
             return None
         try:
-            data = json.loads(raw)
-            session = Session(check_id(data["task_id"], "task_id"), check_id(data["session_id"], "session_id"))
+            session = session_of(json.loads(raw))
         except (ValueError, KeyError, TypeError):
             return None  # a forged or corrupt entry never names a file
         if creds.user is not None and creds.user != session.session_id:
             return None  # a token is only valid with its own session name
         return session
 
+    async def count_call(self, session: Session, ttl_s: int = 24 * 3600) -> int:
+        """One more LLM call of `session`: how many it has made, this one included. Counted in Redis, so every
+        proxy that serves the session agrees. Raises SessionStoreError."""
+        key = calls_key(session.task_id, session.session_id)
+        try:
+            async with self.client.pipeline(transaction=True) as pipe:
+                count, _ = await pipe.incr(key).expire(key, ttl_s).execute()
+        except Exception as e:  # redis.exceptions.RedisError, OSError, timeouts
+            raise SessionStoreError(f"session store {self.url} unavailable: {type(e).__name__}: {e}") from e
+        return int(count)
 
-def register_session(redis_url: str, task_id: str, session_id: str, ttl_s: int = 24 * 3600) -> str:
-    """Register a rollout session for the proxy; returns its secret token. Both ids must pass `check_id`."""
+
+def session_of(data: dict) -> Session:
+    """A registered session from its Redis value; raises ValueError, KeyError or TypeError when it is corrupt."""
+    max_calls = data.get("max_calls")
+    if max_calls is not None and (isinstance(max_calls, bool) or not isinstance(max_calls, int) or max_calls < 1):
+        raise ValueError(f"max_calls: expected a whole number >= 1, got {max_calls!r}")
+    return Session(check_id(data["task_id"], "task_id"), check_id(data["session_id"], "session_id"),
+                   parse_sampling(data.get("sampling")), max_calls)
+
+
+def calls_key(task_id: str, session_id: str) -> str:
+    return f"{CALLS_PREFIX}{task_id}/{session_id}"
+
+
+def register_session(redis_url: str, task_id: str, session_id: str, ttl_s: int = 24 * 3600, *,
+                     sampling: Sampling | None = None, max_calls: int | None = None) -> str:
+    """Register a rollout session for the proxy; returns its secret token. Both ids must pass `check_id`.
+    `sampling`: values every call of the session is sampled with; `max_calls`: the session's call cap."""
     import redis
 
-    value = json.dumps({"task_id": check_id(task_id, "task_id"), "session_id": check_id(session_id, "session_id")})
+    data = {"task_id": check_id(task_id, "task_id"), "session_id": check_id(session_id, "session_id")}
+    if sampling_dict(sampling):
+        data["sampling"] = sampling_dict(sampling)
+    if max_calls is not None:
+        data["max_calls"] = max_calls
+    session_of(data)  # what the proxy would refuse is refused here, loudly
     token = "polar-" + secrets.token_urlsafe(24)
-    redis.Redis.from_url(redis_url).set(REDIS_PREFIX + token, value, ex=ttl_s)
+    redis.Redis.from_url(redis_url).set(REDIS_PREFIX + token, json.dumps(data), ex=ttl_s)
     return token
 
 
@@ -137,7 +177,8 @@ def unregister_session(redis_url: str, token: str) -> None:
     if raw is not None:
         client.publish(ENDED_CHANNEL, raw)
         session = json.loads(raw)
-        client.delete(placement_key(session["task_id"], session["session_id"]))
+        client.delete(placement_key(session["task_id"], session["session_id"]),
+                      calls_key(session["task_id"], session["session_id"]))
 
 
 def watch_ended(redis_url: str, on_end):

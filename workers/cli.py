@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+from polar_mitm.sampling import add_sampling_args, sampling_from_args
 from workers.settings import DEFAULT_BROKER
 
 
@@ -22,6 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-staleness", type=int, help="mark trajectories whose calls span more weight versions")
     p.add_argument("--wait", action="store_true", help="show progress until the batch finishes, then a summary")
     p.add_argument("--timeout", type=float, help="with --wait: give up after this many seconds")
+    add_sampling_args(p)
     _broker(p)
     p.set_defaults(func=submit)
     s = sub.add_parser("status", help="progress of a batch")
@@ -54,9 +56,10 @@ def _client(args: argparse.Namespace):
 
 def submit(args: argparse.Namespace) -> int:
     try:
+        sampling = sampling_from_args(args)
         client = _client(args)
         batch = client.submit(args.tasks, args.group_size, args.min_groups, args.adapter, args.out,
-                              args.max_staleness)
+                              args.max_staleness, sampling=sampling)
     except (ValueError, OSError, KeyError) as e:
         print(f"polar submit: {e}", file=sys.stderr)
         return 2

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from polar_mitm.sampling import parse_sampling, sampling_dict
 from polar_traj import atomic
 from polar_traj.records import check_id
 
@@ -43,6 +44,7 @@ class Manifest:
     min_groups: int | None = None
     max_staleness: int | None = None
     created: float = field(default_factory=time.time)
+    sampling: dict[str, Any] | None = None  # fixed for every LLM call of the batch (polar_mitm/sampling.py)
 
     @property
     def groups(self) -> list[str]:
@@ -74,8 +76,10 @@ def _fit(text: str, limit: int) -> str:
 
 
 def plan(batch_id: str, batch_dir: Path, tasks_file: Path, task_ids: list[str], group_size: int,
-         adapter: str | None = None, min_groups: int | None = None, max_staleness: int | None = None) -> Manifest:
-    """Every sample of the batch: `group_size` per task, ids `<batch>.<task>.<k>` (contract 1)."""
+         adapter: str | None = None, min_groups: int | None = None, max_staleness: int | None = None,
+         sampling: dict[str, Any] | None = None) -> Manifest:
+    """Every sample of the batch: `group_size` per task, ids `<batch>.<task>.<k>` (contract 1). `sampling`: values
+    every LLM call of the batch is sampled with (raises ValueError naming a bad one)."""
     check_id(batch_id, "batch_id")
     if not task_ids:
         raise ValueError(f"{tasks_file}: no tasks")
@@ -88,11 +92,13 @@ def plan(batch_id: str, batch_dir: Path, tasks_file: Path, task_ids: list[str], 
         raise ValueError(f"min_groups {min_groups}: expected 1-{len(task_ids)} (the number of tasks)")
     if max_staleness is not None and max_staleness < 0:
         raise ValueError(f"max_staleness {max_staleness}: expected 0 or more")
+    sampling = sampling_dict(parse_sampling(sampling))
     samples = []
     for task_id in task_ids:
         group = check_id(_fit(f"{batch_id}.{check_id(task_id, 'task_id')}", MAX_GROUP_ID), "group_id")
         samples += [SampleEntry(f"{group}.{k}", task_id, group) for k in range(group_size)]
-    return Manifest(batch_id, batch_dir, tasks_file, group_size, tuple(samples), adapter, min_groups, max_staleness)
+    return Manifest(batch_id, batch_dir, tasks_file, group_size, tuple(samples), adapter, min_groups, max_staleness,
+                    sampling=sampling)
 
 
 def write_manifest(manifest: Manifest) -> Path:

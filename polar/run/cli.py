@@ -16,6 +16,7 @@ from polar.run.services import ROOT, ProxyHandle, ServiceError
 from polar.run.session import EngineConfig, RunConfig, run_session
 from polar.sandbox.runtime import RUNTIMES, SandboxError, resolve_runtime
 from polar.tasks.spec import TaskError, load_tasks, select_task
+from polar_mitm.sampling import FIXABLE, add_sampling_args, sampling_from_args
 
 DEFAULT_MODEL = ROOT / "fixtures" / "tiny-qwen2"
 
@@ -46,6 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", type=Path, help="run folder (default: runs/<adapter>-<time>)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds before the harness is stopped")
     p.add_argument("--confdir", type=Path, default=Path("~/.polar/mitmproxy"), help="CA dir of a proxy started here")
+    add_sampling_args(p)  # with --task
     reuse = p.add_argument_group("reuse a running proxy (polar proxy) instead of starting one")
     reuse.add_argument("--proxy", help="its HTTPS_PROXY listener, http://127.0.0.1:PORT")
     reuse.add_argument("--proxy-base-url", help="its base-URL listener, http://127.0.0.1:PORT")
@@ -90,6 +92,9 @@ def run(args: argparse.Namespace) -> int:
         return run_task(args)
     if not (args.adapter and args.instruction):
         print("polar run: --adapter and --instruction are required (or give --task FILE)", file=sys.stderr)
+        return 2
+    if any(getattr(args, name) is not None for name in FIXABLE):
+        print("polar run: --temperature, --top-p, --top-k, --max-tokens and --seed go with --task", file=sys.stderr)
         return 2
     try:
         spec = load_adapter(args.adapter)
@@ -136,13 +141,16 @@ def run_task(args: argparse.Namespace) -> int:
             raise ValueError(f"task {task.task_id} names no adapter: pass --adapter")
         spec = load_adapter(adapter_name)
         proxy = reused_proxy(args)
+        sampling = sampling_from_args(args)
+        if sampling and proxy is not None and proxy.sessions == "open":
+            raise ValueError("fixed sampling needs the reused proxy's sessions in Redis (--sessions redis://…)")
     except (TaskError, AdapterError, ValueError) as e:
         print(f"polar run: {e}", file=sys.stderr)
         return 2
     sample_id = f"{task.task_id}-{uuid.uuid4().hex[:8]}"[-128:]
     out = (args.out or Path("runs") / f"{task.task_id}-{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     cfg = SampleConfig(task, spec, out, sample_id, task.task_id, args.runtime, args.via, args.model_name,
-                       confdir=args.confdir.expanduser())
+                       confdir=args.confdir.expanduser(), sampling=sampling)
     engine = _engine(args)
     try:
         result = run_sample(cfg, engine, proxy)

@@ -9,10 +9,12 @@ import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 from polar_traj import atomic
 from polar_mitm.launch import PARENT_ENV, free_port, stop, wait_for_file, wait_for_port
+from polar_mitm.sampling import parse_sampling, session_sampling
+from polar_mitm.sessions import register_session
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -40,13 +42,19 @@ class Session:
     token: str
 
 
-def new_session(proxy: ProxyHandle, task_id: str, session_id: str) -> Session:
-    """A registered session (Redis) or, in open mode, a fresh name and secret."""
+def new_session(proxy: ProxyHandle, task_id: str, session_id: str, max_calls: int | None = None,
+                sampling: dict[str, Any] | None = None) -> Session:
+    """A registered session (Redis) or, in open mode, a fresh name and secret. `max_calls`: the session's LLM call
+    cap; `sampling`: values every call is sampled with (polar_mitm/sampling.py). Open mode has no registry to
+    carry them: it enforces no cap, and fixed sampling is refused (ValueError)."""
+    fixed = parse_sampling(sampling)
     if proxy.sessions == "open":
+        if fixed is not None:
+            raise ValueError("fixed sampling needs a proxy with registered sessions (--sessions redis://…), "
+                             "not one in open mode")
         return Session("local", session_id, "polar-" + secrets.token_urlsafe(18))
-    from polar_mitm.sessions import register_session
-
-    token = register_session(proxy.sessions, task_id, session_id)
+    token = register_session(proxy.sessions, task_id, session_id, sampling=session_sampling(fixed, session_id),
+                             max_calls=max_calls)
     return Session(task_id, session_id, token)
 
 

@@ -13,6 +13,7 @@ from aiohttp import web
 class StubEngine:
     def __init__(self, ids: list[int]) -> None:
         self.ids, self.mode, self.requests = ids, "ok", 0
+        self.bodies: list[dict] = []  # every /generate body received, in order
         self.url = ""
         self._ready = threading.Event()
         self._loop = asyncio.new_event_loop()
@@ -39,6 +40,7 @@ class StubEngine:
     async def _generate(self, request: web.Request) -> web.StreamResponse:
         self.requests += 1
         body = await request.json()
+        self.bodies.append(body)
         if self.mode == "hang":
             await asyncio.sleep(3600)
         if not body.get("stream"):

@@ -2,8 +2,10 @@
 against a real Redis, status and cancel of a batch that no worker has picked up yet."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import pytest
 import yaml
 
 from polar.cli import build_parser, main
@@ -24,6 +26,30 @@ def test_submit_reports_bad_tasks(tmp_path: Path, redis_base: str, capsys):
     assert "task_id" in capsys.readouterr().err
     assert main(["status", "no-such-batch", "--broker", redis_base + "/1"]) == 2
     assert "no batch 'no-such-batch'" in capsys.readouterr().err
+
+
+def test_submit_sampling_flags(tmp_path: Path, redis_base: str, capsys):
+    tasks = tmp_path / "tasks.yaml"
+    tasks.write_text(yaml.safe_dump({"tasks": [{"task_id": "a", "instruction": "x", "adapter": "pi", "image": "host",
+                                                "evaluator": {"command": "true"}}]}))
+    broker = ["--broker", redis_base + "/3", "--out", str(tmp_path / "out")]
+    assert main(["submit", str(tasks), "--temperature", "-1", *broker]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "polar submit: sampling temperature: expected 0 or more, got -1.0"
+    assert main(["submit", str(tasks), "--top-p", "1.5", *broker]) == 2
+    assert "top_p" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()  # nothing was queued
+    with pytest.raises(SystemExit):
+        main(["submit", str(tasks), "--top-k", "many", *broker])
+    assert "argument --top-k: invalid int value: 'many'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["submit", str(tasks), "--temprature", "1", *broker])
+    assert "unrecognized arguments: --temprature" in capsys.readouterr().err
+    assert main(["submit", str(tasks), "--temperature", "0.7", "--seed", "3", "--group-size", "1", *broker]) == 0
+    batch_id = capsys.readouterr().out.split()[1].rstrip(":")
+    manifest = json.loads((tmp_path / "out" / batch_id / "batch.json").read_text())
+    assert manifest["sampling"] == {"temperature": 0.7, "seed": 3}
+    main(["cancel", batch_id, "--broker", redis_base + "/3"])
 
 
 def test_status_and_cancel_of_a_queued_batch(tmp_path: Path, redis_base: str, capsys):

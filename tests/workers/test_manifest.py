@@ -37,3 +37,12 @@ def test_plan_refuses(tmp_path: Path, kwargs, message):
     args.update(kwargs)
     with pytest.raises(ValueError, match=message):
         plan("b1", tmp_path, tmp_path / "t.yaml", args["task_ids"], args["group_size"], min_groups=args["min_groups"])
+
+
+def test_plan_keeps_the_batchs_sampling(tmp_path: Path):
+    m = plan("b1", tmp_path / "b1", tmp_path / "t.yaml", ["a"], 2, sampling={"temperature": 0.7, "top_k": None})
+    assert m.sampling == {"temperature": 0.7}
+    assert read_manifest(write_manifest(m)).sampling == {"temperature": 0.7}
+    assert plan("b1", tmp_path, tmp_path / "t.yaml", ["a"], 2).sampling is None
+    with pytest.raises(ValueError, match="sampling temperature"):
+        plan("b1", tmp_path, tmp_path / "t.yaml", ["a"], 2, sampling={"temperature": -1})

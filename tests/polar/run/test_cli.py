@@ -63,6 +63,21 @@ def test_reused_proxy_handle(tmp_path):
                                                                               "unix:///r.sock")
 
 
+def test_sampling_flags_are_checked_before_anything_starts(tmp_path):
+    tasks = tmp_path / "tasks.yaml"
+    tasks.write_text(yaml.safe_dump({"tasks": [{"task_id": "a", "instruction": "x", "adapter": "pi", "image": "host",
+                                                "evaluator": {"command": "true"}}]}))
+    done = polar_run("--task", str(tasks), "--temperature", "nan", "--out", str(tmp_path / "out"), timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.strip() == "polar run: sampling temperature: expected a finite number, got nan"
+    assert not (tmp_path / "out").exists()
+    done = polar_run("--adapter", "pi", "--instruction", "x", "--seed", "1", timeout=60)
+    assert done.returncode == 2 and "go with --task" in done.stderr
+    args = build_parser().parse_args(["run", "--task", "t.yaml", "--temperature", "0.7", "--top-p", "0.9",
+                                      "--top-k", "20", "--max-tokens", "64", "--seed", "3"])
+    assert (args.temperature, args.top_p, args.top_k, args.max_tokens, args.seed) == (0.7, 0.9, 20, 64, 3)
+
+
 def test_bad_adapter_is_a_usage_error():
     done = polar_run("--adapter", "no-such", "--instruction", "x")
     assert done.returncode == 2 and "no such adapter" in done.stderr

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import redis
 
 from polar.run.services import ProxyHandle, context_view, new_session
@@ -34,6 +35,21 @@ def test_registered_session(redis_url):
     s = new_session(handle(redis_url), "task-9", "sess-2")
     stored = json.loads(redis.Redis.from_url(redis_url).get(REDIS_PREFIX + s.token))
     assert stored == {"task_id": "task-9", "session_id": "sess-2"} and (s.task_id, s.session_id) == ("task-9", "sess-2")
+
+
+def test_a_registered_session_carries_its_cap_and_sampling(redis_url):
+    s = new_session(handle(redis_url), "task-9", "sess-3", max_calls=2, sampling={"temperature": 0.7, "seed": 1})
+    stored = json.loads(redis.Redis.from_url(redis_url).get(REDIS_PREFIX + s.token))
+    assert stored["max_calls"] == 2 and stored["sampling"]["temperature"] == 0.7
+    assert stored["sampling"]["seed"] != 1  # the session's own seed, from the base seed and its id
+    with pytest.raises(ValueError, match="top_p"):
+        new_session(handle(redis_url), "task-9", "sess-4", sampling={"top_p": 2})
+
+
+def test_open_mode_refuses_fixed_sampling_and_ignores_the_cap():
+    assert new_session(handle("open"), "task", "sess-1", max_calls=2).session_id == "sess-1"
+    with pytest.raises(ValueError, match="registered sessions"):
+        new_session(handle("open"), "task", "sess-1", sampling={"temperature": 0.7})
 
 
 def test_a_killed_parent_leaves_no_proxy_behind(tmp_path, tiny_model_dir):
