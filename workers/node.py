@@ -7,7 +7,7 @@ import contextlib
 import logging
 from pathlib import Path
 
-from polar.run.services import ProxyHandle, start_proxy
+from polar.run.services import ProxyHandle, running_proxy, start_proxy
 from workers.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
@@ -22,18 +22,11 @@ def node_dir(settings: WorkerSettings) -> Path:
 
 def reused_proxy(spec: str, sessions: str) -> ProxyHandle:
     """POLAR_PROXY=http://HOST:PORT,http://HOST:PORT,CAPTURE_DIR[,CA]: a proxy started with --sessions `sessions`."""
-    from urllib.parse import urlsplit
-
     fields = spec.split(",")
     if len(fields) not in (3, 4):
         raise ValueError(f"POLAR_PROXY {spec!r}: expected PROXY_URL,BASE_URL_URL,CAPTURE_DIR[,CA_FILE]")
-    p1, p2 = urlsplit(fields[0]), urlsplit(fields[1])
-    if not (p1.hostname and p1.port and p2.port):
-        raise ValueError(f"POLAR_PROXY {spec!r}: the listeners must read http://HOST:PORT")
     ca = Path(fields[3]) if len(fields) == 4 else Path("~/.polar/mitmproxy/mitmproxy-ca-cert.pem").expanduser()
-    if not ca.is_file():
-        raise ValueError(f"POLAR_PROXY: CA file {ca} not found")
-    return ProxyHandle(p1.hostname, p1.port, p2.port, ca, Path(fields[2]), sessions)
+    return running_proxy(fields[0], fields[1], Path(fields[2]), ca, sessions, ("POLAR_PROXY",) * 3)
 
 
 def start(settings: WorkerSettings) -> ProxyHandle:

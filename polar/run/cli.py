@@ -8,11 +8,10 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from urllib.parse import urlsplit
 
 from polar.harness.adapters import WAYS_IN, AdapterError, available, load_adapter
 from polar.run.sample import SampleConfig, SampleResult, run_sample
-from polar.run.services import ROOT, ProxyHandle, ServiceError
+from polar.run.services import ROOT, ProxyHandle, ServiceError, running_proxy
 from polar.run.session import EngineConfig, RunConfig, run_session
 from polar.sandbox.runtime import RUNTIMES, SandboxError, resolve_runtime
 from polar.tasks.spec import TaskError, load_tasks, select_task
@@ -59,13 +58,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _port(url: str, flag: str) -> tuple[str, int]:
-    parts = urlsplit(url if "://" in url else f"http://{url}")
-    if not parts.hostname or not parts.port:
-        raise ValueError(f"{flag}: expected http://HOST:PORT, got {url!r}")
-    return parts.hostname, parts.port
-
-
 def reused_proxy(args: argparse.Namespace) -> ProxyHandle | None:
     if not args.proxy:
         return None
@@ -74,12 +66,8 @@ def reused_proxy(args: argparse.Namespace) -> ProxyHandle | None:
     if args.sessions == "open" and args.via == "base_url":
         raise ValueError("a reused proxy in open mode names base-URL sessions by the harness's own session "
                          "header: start it with --sessions redis://… and pass the same URL here")
-    host, p1 = _port(args.proxy, "--proxy")
-    _, p2 = _port(args.proxy_base_url, "--proxy-base-url")
     ca = args.proxy_ca or args.confdir.expanduser() / "mitmproxy-ca-cert.pem"
-    if not ca.is_file():
-        raise ValueError(f"--proxy-ca: {ca} not found")
-    return ProxyHandle(host, p1, p2, ca, args.capture_dir, args.sessions)
+    return running_proxy(args.proxy, args.proxy_base_url, args.capture_dir, ca, args.sessions)
 
 
 def _engine(args: argparse.Namespace) -> EngineConfig:
@@ -177,6 +165,8 @@ def outcome_summary(result: SampleResult) -> list[str]:
              f", reward {reward}, weight {result.weight:g}, harness exit {result.exit_code}"]
     if result.reason:
         lines.append(f"reason: {result.reason}")
+    if result.tampered:
+        lines.append(f"tampered: {', '.join(result.tampered)} (restored before verification)")
     if result.evaluator_output.strip():
         lines.append("evaluator output:")
         lines += [f"  {line}" for line in result.evaluator_output.strip().splitlines()[-15:]]

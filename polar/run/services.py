@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
+from urllib.parse import urlsplit
 
 from polar_traj import atomic
 from polar_mitm.launch import PARENT_ENV, free_port, stop, wait_for_file, wait_for_port
@@ -33,6 +34,24 @@ class ProxyHandle:
     ca_cert: Path
     capture_dir: Path
     sessions: str  # "open" or the redis:// / unix:// URL the proxy reads sessions from
+
+
+def running_proxy(proxy_url: str, base_url: str, capture_dir: Path, ca: Path, sessions: str,
+                  names: tuple[str, str, str] = ("--proxy", "--proxy-base-url", "--proxy-ca")) -> ProxyHandle:
+    """A `polar proxy` already running, named by its two listeners' URLs (http://HOST:PORT) and its CA file;
+    ValueError naming the setting (`names`) that is wrong."""
+    host, proxy_port = _listener(proxy_url, names[0])
+    _, base_port = _listener(base_url, names[1])
+    if not ca.is_file():
+        raise ValueError(f"{names[2]}: {ca} not found")
+    return ProxyHandle(host, proxy_port, base_port, ca, capture_dir, sessions)
+
+
+def _listener(url: str, name: str) -> tuple[str, int]:
+    parts = urlsplit(url if "://" in url else f"http://{url}")
+    if not parts.hostname or not parts.port:
+        raise ValueError(f"{name}: expected http://HOST:PORT, got {url!r}")
+    return parts.hostname, parts.port
 
 
 @dataclass(frozen=True)
