@@ -23,6 +23,7 @@ from polar_mitm.guard import Guard
 from polar_mitm.provider_responses import error_response, family_api
 from polar_mitm.router import Router
 from polar_mitm.routes import family_of
+from polar_mitm.sessions import redis_url_of
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +46,7 @@ class Polar:
             stage.configure(updated)
         if "polar_sessions" in updated:
             spec = ctx.options.polar_sessions
-            self.fence.configure(spec if spec.startswith(("redis://", "unix://")) else None)
+            self.fence.configure(redis_url_of(spec))
 
     async def running(self) -> None:
         self.egress.check(ctx.options)

@@ -32,7 +32,7 @@ from polar_mitm.providers import CODECS
 from polar_mitm.relay import StreamRelay
 from polar_mitm.replicas import Engines
 from polar_mitm.session_cache import SessionCache
-from polar_mitm.sessions import watch_ended
+from polar_mitm.sessions import redis_url_of, watch_ended
 
 log = logging.getLogger(__name__)
 # A JSON escape of a UTF-16 surrogate: only then can the parsed body hold text the tokenizer cannot take.
@@ -143,7 +143,7 @@ class Router:
             raise OptionsError("polar_tokenizer: set it to the model directory (tokenizer + chat template)")
         await self.relay.start()
         opts = ctx.options
-        redis_url = opts.polar_sessions if opts.polar_sessions.startswith(("redis://", "unix://")) else None
+        redis_url = redis_url_of(opts.polar_sessions)
         if redis_url:
             watch_ended(redis_url, lambda task_id, session_id: self.histories.drop((task_id, session_id)))
         await self.engines.start(redis_url, opts.polar_session_ttl, opts.polar_engine_probe_interval,

@@ -56,11 +56,16 @@ class SessionStore(Protocol):
     async def count_call(self, session: Session) -> int: ...
 
 
+def redis_url_of(spec: str) -> str | None:
+    """The Redis URL a `--sessions` value names (redis:// or unix://), or None for open mode."""
+    return spec if spec.startswith(("redis://", "unix://")) else None
+
+
 def parse_sessions_spec(spec: str) -> "OpenSessions | RedisSessions":
     """`open` or `redis://host:port/db` (or `unix://…`); raises ValueError for anything else."""
     if spec == "open":
         return OpenSessions()
-    if spec.startswith(("redis://", "unix://")):
+    if redis_url_of(spec):
         return RedisSessions(spec)
     raise ValueError(f"expected 'open' or a redis:// URL, got {spec!r}")
 

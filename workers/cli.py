@@ -5,7 +5,6 @@ import argparse
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 from polar_mitm.sampling import add_sampling_args, sampling_from_args
@@ -80,19 +79,14 @@ def follow(batch, timeout: float | None):
     """A live progress bar until the batch settles."""
     from tqdm import tqdm
 
-    deadline = None if timeout is None else time.monotonic() + timeout
     with tqdm(total=len(batch.manifest.samples), unit="sample", dynamic_ncols=True) as bar:
-        while True:
-            p = batch.progress()
+        def draw(p) -> None:
             bar.n = p.done + p.masked + p.cancelled
             bar.set_postfix_str(f"running {p.running} failed {p.masked} reward "
                                 f"{'-' if p.reward_mean is None else f'{p.reward_mean:.3f}'}")
             bar.refresh()
-            if batch.settled(p):
-                return p
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"batch {batch.batch_id} not finished after {timeout}s: {p.line()}")
-            time.sleep(0.5)
+
+        return batch.wait(timeout, on_progress=draw)
 
 
 def summary(batch, p) -> str:

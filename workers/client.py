@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from workers import batches, steps
 from workers.manifest import Manifest, new_batch_id, plan, read_manifest, write_manifest
@@ -29,6 +29,7 @@ class PolarClient:
         self.redis = batches.connect(broker)
         self.app = Celery("polar-client", broker=broker, set_as_current=False)
         self.app.conf.update(task_serializer="json", accept_content=["json"], task_ignore_result=True)
+        self.messages = steps.Messages(self.app)
 
     def submit(self, tasks: str | Path, group_size: int = 4, min_groups: int | None = None,
                adapter: str | None = None, out: str | Path = "runs/batches", max_staleness: int | None = None,
@@ -52,17 +53,11 @@ class PolarClient:
         batches.create(self.redis, bid, path, [s.sample_id for s in manifest.samples], group_size,
                        len(manifest.groups), min_groups)
         for s in manifest.samples:
-            steps.submit_sample(self._enqueue, self.redis, manifest, path, s.sample_id)
+            steps.submit_sample(self.messages.enqueue, self.redis, manifest, path, s.sample_id)
         return Batch(self, manifest)
 
     def batch(self, batch_id: str) -> "Batch":
         return Batch(self, read_manifest(batches.info(self.redis, batch_id)["manifest"]))
-
-    def _enqueue(self, name: str, args: list, queue: str, task_id: str, countdown: float = 0) -> None:
-        self.app.send_task(name, args=args, queue=queue, task_id=task_id, countdown=countdown or None)
-
-    def revoke(self, task_id: str, terminate: bool = False) -> None:
-        self.app.control.revoke(task_id, terminate=terminate, signal="SIGTERM")
 
     def pause(self, timeout_s: float = 120.0) -> None:
         """Every node's proxy holds new LLM calls; returns once in-flight calls have drained."""
@@ -100,12 +95,15 @@ class Batch:
         """Finished, and no sample is still cleaning up."""
         return p.finished and p.running == 0
 
-    def wait(self, timeout: float | None = None, poll_s: float = 0.5) -> batches.Progress:
+    def wait(self, timeout: float | None = None, poll_s: float = 0.5,
+             on_progress: Callable[[batches.Progress], None] | None = None) -> batches.Progress:
         """Block until the batch is completed or cancelled and every sample has settled; TimeoutError after
-        `timeout` seconds."""
+        `timeout` seconds. `on_progress` sees each poll's progress (polar submit --wait draws its bar with it)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             p = self.progress()
+            if on_progress is not None:
+                on_progress(p)
             if self.settled(p):
                 return p
             if deadline is not None and time.monotonic() > deadline:
@@ -114,7 +112,7 @@ class Batch:
 
     def cancel(self) -> bool:
         """Queued samples never start; running ones stop and their sandboxes go. False if already finished."""
-        return steps.stop_batch(self.client.redis, self.client.revoke, self.batch_id)
+        return steps.stop_batch(self.client.redis, self.client.messages.revoke, self.batch_id)
 
     def samples(self) -> dict[str, dict[str, Any]]:
         return batches.samples(self.client.redis, self.batch_id)

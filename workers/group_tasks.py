@@ -7,11 +7,10 @@ from workers import batches, steps
 from workers.celery_app import app, settings
 
 
-def revoke(task_id: str, terminate: bool = False) -> None:
-    app.control.revoke(task_id, terminate=terminate, signal="SIGTERM")
+messages = steps.Messages(app)
 
 
 @app.task(acks_late=True, reject_on_worker_lost=True, autoretry_for=(redis.ConnectionError, redis.TimeoutError),
           retry_backoff=2, max_retries=2)
 def finish_group(manifest_path: str, group_id: str) -> None:
-    steps.finish_group(manifest_path, group_id, batches.connect(settings.broker), revoke)
+    steps.finish_group(manifest_path, group_id, batches.connect(settings.broker), messages.revoke)

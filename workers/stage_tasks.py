@@ -34,13 +34,13 @@ STAGE = dict(base=StageTask, bind=True, acks_late=True, reject_on_worker_lost=Tr
              retry_backoff=2, retry_backoff_max=30, max_retries=2)
 
 
-def enqueue(name: str, args: list, queue: str, task_id: str, countdown: float = 0) -> None:
-    app.send_task(name, args=args, queue=queue, task_id=task_id, countdown=countdown or None)
+messages = steps.Messages(app)
 
 
 def _step(task, manifest_path: str, sample_id: str) -> steps.Step:
     ctx = NodeContext(settings, node.current())
-    return steps.Step(manifest_path, sample_id, ctx, batches.connect(settings.broker), task.request.id, enqueue)
+    return steps.Step(manifest_path, sample_id, ctx, batches.connect(settings.broker), task.request.id,
+                      messages.enqueue)
 
 
 @app.task(**STAGE)

@@ -22,6 +22,19 @@ from workers.manifest import Manifest, read_manifest, result_path, sample_dir, w
 Enqueue = Callable[..., None]  # enqueue(task_name, args, queue=…, task_id=…, countdown=…)
 Revoke = Callable[..., None]  # revoke(task_id, terminate=bool)
 
+
+@dataclass(frozen=True)
+class Messages:
+    """`enqueue` and `revoke` over a Celery app: the worker's own, or the client's (which only sends)."""
+
+    app: Any
+
+    def enqueue(self, name: str, args: list, queue: str, task_id: str, countdown: float = 0) -> None:
+        self.app.send_task(name, args=args, queue=queue, task_id=task_id, countdown=countdown or None)
+
+    def revoke(self, task_id: str, terminate: bool = False) -> None:
+        self.app.control.revoke(task_id, terminate=terminate, signal="SIGTERM")
+
 PREPARE, RUN, POSTRUN, GROUP = ("workers.stage_tasks.prepare", "workers.stage_tasks.run",
                                 "workers.stage_tasks.postrun", "workers.group_tasks.finish_group")
 
