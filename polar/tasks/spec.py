@@ -266,6 +266,9 @@ def _range(value: Any, where: _Where) -> tuple[float, float]:
         isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in value)
     if not ok or value[0] >= value[1]:
         raise where.fail("reward_range", f"expected [low, high] with finite low < high, got {value!r}")
+    if not value[0] <= 0 <= value[1]:  # else a sample could pick being masked over its own failure's 0
+        raise where.fail("reward_range", f"{value!r} must include 0, the reward of a workspace that fails "
+                                         "verification")
     return float(value[0]), float(value[1])
 
 

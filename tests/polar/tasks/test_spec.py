@@ -72,6 +72,7 @@ BAD = [
     (GOOD + "  protected: [../outside]\n", 6, "protected"),
     (GOOD + "  reward_range: [1, 0]\n", 6, "reward_range"),
     (GOOD + "  reward_range: [0, .inf]\n", 6, "reward_range"),
+    (GOOD + "  reward_range: [1, 5]\n", 6, "reward_range"),
     (GOOD + "  max_calls: 0\n", 6, "max_calls"),
     (GOOD + GOOD, 6, "task_id"),  # the same id twice: the second one is named
     ("- task_id: [unclosed\n", 2, "yaml"),
