@@ -73,6 +73,14 @@ def _copy_final(src: Path, dst: Path) -> None:
     except shutil.Error:
         drop_privilege_bits([dst])  # the copy stopped before doing it
     dst.mkdir(parents=True, exist_ok=True)
+    # Compiled Python is dropped: a .pyc planted for the task's own test files would run instead of them.
+    for dirpath, dirs, files in os.walk(dst):
+        if "__pycache__" in dirs:
+            dirs.remove("__pycache__")
+            shutil.rmtree(Path(dirpath) / "__pycache__")
+        for name in files:
+            if name.endswith((".pyc", ".pyo")):
+                (Path(dirpath) / name).unlink()
 
 
 def home_hooks(home: Path) -> list[str]:

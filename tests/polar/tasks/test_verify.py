@@ -32,11 +32,15 @@ def test_hidden_tests_are_staged_and_the_agent_made_conftest_is_replaced(tmp_pat
     (out / "workspace" / "conftest.py").write_text("import os; os._exit(0)\n")
     (out / "workspace" / "tests").mkdir()
     (out / "workspace" / "tests" / "test_mine.py").write_text("def test_ok(): pass\n")
+    (out / "workspace" / "tests" / "__pycache__").mkdir()  # a planted cache for the hidden test file
+    (out / "workspace" / "tests" / "__pycache__" / "test_calc.cpython-311-pytest-7.2.1.pyc").write_bytes(b"x")
+    (out / "workspace" / "calc.pyc").write_bytes(b"x")
     ground = prepare_verify(task, out, before, snapshot(out / "workspace"))
     ws = ground.mounts.workspace
     assert ground.tampered == ("conftest.py", "tests/test_mine.py")
     assert (ws / "conftest.py").read_text() == (task.tests / "conftest.py").read_text()
     assert (ws / "tests" / "test_calc.py").is_file() and not (ws / "tests" / "test_mine.py").exists()
+    assert not (ws / "tests" / "__pycache__").exists() and not (ws / "calc.pyc").exists()
     assert (ws / "calc.py").read_text() == (task.workspace / "calc.py").read_text()
     assert ground.mounts.home != out / "home" and list(ground.mounts.home.iterdir()) == [ground.mounts.home / ".tmp"]
 
