@@ -53,7 +53,7 @@ def tasks_file(out: Path, harnesses: list[str], only: list[str] | None) -> Path:
                 continue
             entry = {**t, "task_id": f"{t['task_id']}-{harness}", "adapter": harness,
                      "metadata": {**(t.get("metadata") or {}), "task": t["task_id"]}}
-            for key in ("workspace", "image"):
+            for key in ("workspace", "image", "tests"):
                 if entry.get(key) and entry[key] != "host":
                     entry[key] = str((TASKS.parent / entry[key]).resolve())
             entries.append(entry)
