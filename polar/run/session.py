@@ -216,9 +216,13 @@ def exec_harness(sandbox: Sandbox, argv: list[str], env: dict[str, str], mounts:
                             forwards)
 
 
+def workspace_snapshots(out: Path) -> tuple[dict[str, str], dict[str, str]]:
+    """The workspace's snapshot when the harness started (render_harness wrote it) and now."""
+    return json.loads((out / "workspace.before.json").read_text()), snapshot(out / "workspace")
+
+
 def changed_since_start(out: Path) -> dict[str, list[str]]:
-    before = json.loads((out / "workspace.before.json").read_text())
-    return changed_files(before, snapshot(out / "workspace"))
+    return changed_files(*workspace_snapshots(out))
 
 
 def _exec_harness(cfg: RunConfig, proxy: ProxyHandle, session: Session, stack: ExitStack) -> ExecResult:
