@@ -4,10 +4,16 @@ A unix socket on the filesystem crosses network namespaces; TCP does not. Outsid
 socket file and connects each client to the proxy's TCP port. Inside, `python -m polar.sandbox.bridge` listens on
 127.0.0.1:PORT (the same port numbers, so URLs read the same), connects each client to the socket file, and
 runs the harness command once its listeners are up; it exits with the harness's status.
+
+Each forwarder serves all its connections on one asyncio loop in one thread, at most `limit` at once: the agent
+opening thousands of connections costs the worker no thread and no more than `limit` upstream connections; one
+beyond the limit is accepted and closed at once (refused, never queued). Stdlib only: the sandbox's python3 runs
+this file as a script.
 """
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import signal
 import socket
@@ -15,86 +21,111 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
-from typing import Callable
+from typing import Awaitable, Callable
 
 BUFFER = 65536
+BACKLOG = 128
+# Concurrent connections per forwarder (one per sandbox and proxy listener). A harness uses a handful; the cap
+# keeps a runaway agent from holding the proxy's or the worker's sockets for its siblings.
+MAX_CONNECTIONS = 64
+Streams = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
 
-def _pump(src: socket.socket, dst: socket.socket) -> None:
-    try:
-        while data := src.recv(BUFFER):
-            dst.sendall(data)
-    except OSError:
-        pass
-    finally:
-        for s, how in ((dst, socket.SHUT_WR), (src, socket.SHUT_RD)):
-            try:
-                s.shutdown(how)
-            except OSError:
-                pass
-
-
-def _splice(client: socket.socket, connect: Callable[[], socket.socket]) -> None:
-    try:
-        upstream = connect()
-    except OSError:
-        client.close()
-        return
-    back = threading.Thread(target=_pump, args=(upstream, client), daemon=True)
-    back.start()
-    _pump(client, upstream)
-    back.join()
-    client.close()
-    upstream.close()
+async def _pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+    while data := await src.read(BUFFER):
+        dst.write(data)
+        await dst.drain()
+    if dst.can_write_eof():
+        dst.write_eof()  # half-close: the other direction may still be answering
 
 
 class _Forwarder:
-    """Accepts on `listener`, splices every client to a fresh `connect()`; one thread per direction."""
+    """Accepts on `listener`, splices every client to a fresh `connect()`, at most `limit` at once."""
 
-    def __init__(self, listener: socket.socket, connect: Callable[[], socket.socket]) -> None:
-        self.listener, self.connect = listener, connect
-        self.thread = threading.Thread(target=self._serve, daemon=True)
+    def __init__(self, listener: socket.socket, connect: Callable[[], Awaitable[Streams]],
+                 limit: int = MAX_CONNECTIONS) -> None:
+        self.listener, self.connect, self.limit = listener, connect, limit
+        self.active = self.refused = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._stop = asyncio.Event()  # bound to the loop on first use, in the loop's thread
+        self._loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self._loop.run_until_complete, args=(self._serve(),), daemon=True)
         self.thread.start()
 
-    def _serve(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return  # closed
-            threading.Thread(target=_splice, args=(client, self.connect), daemon=True).start()
+    async def _serve(self) -> None:
+        if self.listener.family == socket.AF_UNIX:
+            server = await asyncio.start_unix_server(self._client, sock=self.listener, backlog=BACKLOG)
+        else:
+            server = await asyncio.start_server(self._client, sock=self.listener, backlog=BACKLOG)
+        await self._stop.wait()
+        server.close()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.sleep(0)  # the transports' sockets close on the next turn
+
+    async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.active >= self.limit:
+            self.refused += 1
+            writer.transport.abort()
+            return
+        self.active += 1
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        try:
+            await self._splice(reader, writer)
+        finally:
+            self.active -= 1
+            self._tasks.discard(task)
+
+    async def _splice(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            up_reader, up_writer = await self.connect()
+        except OSError:
+            writer.transport.abort()
+            return
+        pipes = [asyncio.ensure_future(_pipe(reader, up_writer)), asyncio.ensure_future(_pipe(up_reader, writer))]
+        try:
+            await asyncio.gather(*pipes)
+        except OSError:
+            pass  # one side reset: end both
+        finally:
+            for p in pipes:
+                p.cancel()
+            await asyncio.gather(*pipes, return_exceptions=True)
+            writer.close()  # after what is still buffered
+            up_writer.close()
 
     def close(self) -> None:
+        """Stop accepting and end every open connection."""
         try:
-            self.listener.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
+            self._loop.call_soon_threadsafe(self._stop.set)
+        except RuntimeError:
+            pass  # the loop already ended
+        self.thread.join(10)
+        if not self.thread.is_alive():
+            self._loop.close()
         self.listener.close()
 
 
 class UnixToTcp(_Forwarder):
     """Outside the sandbox: socket file -> host:port."""
 
-    def __init__(self, path: Path, host: str, port: int) -> None:
+    def __init__(self, path: Path, host: str, port: int, limit: int = MAX_CONNECTIONS) -> None:
         path.unlink(missing_ok=True)
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         listener.bind(str(path))
         os.chmod(path, 0o666)  # a rootless sandbox user may map to another uid
-        listener.listen(128)
+        listener.listen(BACKLOG)
         self.path = path
-        super().__init__(listener, lambda: socket.create_connection((host, port), timeout=None))
+        super().__init__(listener, lambda: asyncio.open_connection(host, port), limit)
 
 
-def tcp_to_unix(host: str, port: int, path: str) -> _Forwarder:
+def tcp_to_unix(host: str, port: int, path: str, limit: int = MAX_CONNECTIONS) -> _Forwarder:
     """Inside the sandbox: host:port -> socket file."""
-    listener = socket.create_server((host, port), backlog=128)
-
-    def connect() -> socket.socket:
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        s.connect(path)
-        return s
-
-    return _Forwarder(listener, connect)
+    listener = socket.create_server((host, port), backlog=BACKLOG)
+    return _Forwarder(listener, lambda: asyncio.open_unix_connection(path), limit)
 
 
 def parse_forward(spec: str) -> tuple[int, str]:
