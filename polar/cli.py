@@ -11,7 +11,7 @@ SUBCOMMANDS = {
     "proxy": "polar_mitm.cli",
     "traj": "polar_traj.cli",
     "run": "polar.run.cli",
-    "submit": "workers.cli",  # also status, cancel, policy
+    "submit": "workers.cli",  # also status, cancel, policy, node
     "report": "polar.report.cli",
 }
 

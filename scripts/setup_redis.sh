@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Make sure a Redis answers PING on 127.0.0.1:6379; if none does, start Debian's redis-server there,
-# bound to loopback only, without persistence, its pid/log files under .cache/. It also listens on the
+# bound to loopback only, with persistence (appendonly yes: a restart keeps queued stages and batch state),
+# its pid/log/append-only files under .cache/. It also listens on the
 # unix socket .cache/redis.sock, which stays reachable from a loopback-only network namespace (the tests').
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,7 +24,7 @@ if pong; then
 fi
 command -v redis-server > /dev/null || die "redis-server not installed (run scripts/setup_apt.sh)"
 info "starting redis-server on $host:$port (log: .cache/redis.log)"
-redis-server --bind "$host" --port "$port" --protected-mode yes --save '' --appendonly no \
+redis-server --bind "$host" --port "$port" --protected-mode yes --save '' --appendonly yes \
   --unixsocket "$sock" --unixsocketperm 770 \
   --daemonize yes --pidfile "$cache/redis.pid" --logfile "$cache/redis.log" --dir "$cache" \
   || die "redis-server did not start; see .cache/redis.log"

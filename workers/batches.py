@@ -3,10 +3,12 @@ the client and the CLI alike.
 
 Keys, all under `polar:batch:<batch_id>`:
   (hash)           batch.json's path, status (running|completed|cancelled), group_size, groups, min_groups
-  :samples (hash)  sample_id -> JSON {stage, node, attempt, task, status, failure, reward, reason}
+  :samples (hash)  sample_id -> JSON {stage, node, attempt, task, status, failure, reward, reason, and, once its
+                   node was lost: reassigned (count), reassigned_from (nodes)}
   :final:<group>   (set) sample ids of the group that reached a final state (done or masked)
   :groups (set)    groups whose advantages are written
-A sample's `task` is the Celery task id of its current stage, so a cancel can revoke it.
+A sample's `task` is the Celery task id of its current stage, so a cancel can revoke it, and a message whose
+task id is no longer the sample's (a stale attempt: its node was lost and the sample reassigned) is discarded.
 """
 from __future__ import annotations
 
@@ -16,6 +18,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import redis
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
 
 PREFIX = "polar:batch:"
 STAGES = ("queued", "prepare", "run", "evaluate", "postrun", "retry")
@@ -24,14 +28,17 @@ RUNNING, COMPLETED, CANCELLED = "running", "completed", "cancelled"
 TTL_S = 14 * 24 * 3600
 
 
-def connect(url: str) -> redis.Redis:
-    """A redis client for a broker URL (redis://, rediss://, or kombu's redis+socket:// / socket://)."""
+def connect(url: str, retry_s: float = 60.0) -> redis.Redis:
+    """A redis client for a broker URL (redis://, rediss://, or kombu's redis+socket:// / socket://). Each command
+    retries a lost connection for about `retry_s` seconds, so a Redis restart is ridden out, not failed."""
+    retry = dict(retry=Retry(ExponentialBackoff(cap=2.0, base=0.1), max(1, int(retry_s / 2))),
+                 retry_on_error=[redis.ConnectionError, redis.TimeoutError])
     for scheme in ("redis+socket://", "socket://"):
         if url.startswith(scheme):
             path, _, query = url[len(scheme):].partition("?")
             db = dict(p.split("=", 1) for p in query.split("&") if "=" in p).get("virtual_host", "0")
-            return redis.Redis(unix_socket_path=path, db=int(db))
-    return redis.Redis.from_url(url)
+            return redis.Redis(unix_socket_path=path, db=int(db), **retry)
+    return redis.Redis.from_url(url, **retry)
 
 
 def key(batch_id: str, *parts: str) -> str:
@@ -51,6 +58,7 @@ class Progress:
     reward_mean: float | None
     status: str
     nodes: dict[str, int]
+    reassigned: int = 0  # samples started again elsewhere because their node was lost or drained
 
     @property
     def finished(self) -> bool:
@@ -63,7 +71,7 @@ class Progress:
         mean = "-" if self.reward_mean is None else f"{self.reward_mean:.3f}"
         return (f"{self.done + self.masked}/{self.total} done ({self.masked} masked), {self.running} running, "
                 f"{self.queued} queued, {self.cancelled} cancelled; groups {self.groups_done}/{self.groups}; "
-                f"reward mean {mean}; {self.status}")
+                f"reward mean {mean}; {self.status}" + (f"; {self.reassigned} reassigned" if self.reassigned else ""))
 
 
 def create(r: redis.Redis, batch_id: str, manifest_path: str, samples: list[str], group_size: int, groups: int,
@@ -103,13 +111,24 @@ def sample_state(r: redis.Redis, batch_id: str, sample_id: str) -> dict[str, Any
     return json.loads(raw) if raw else {}
 
 
-def update_sample(r: redis.Redis, batch_id: str, sample_id: str, **fields: Any) -> dict[str, Any]:
+# Write ARGV[3] only while the sample's task is still ARGV[2] (compare and set on the stage's task id).
+_CAS = ("local raw = redis.call('hget', KEYS[1], ARGV[1]) "
+        "local task = raw and cjson.decode(raw)['task'] or '' "
+        "if task == ARGV[2] then redis.call('hset', KEYS[1], ARGV[1], ARGV[3]) return 1 end return 0")
+
+
+def update_sample(r: redis.Redis, batch_id: str, sample_id: str, if_task: str | None = None,
+                  **fields: Any) -> dict[str, Any] | None:
     """Merge fields into a sample's state (one writer at a time per sample: its current stage); a new stage
-    also records when it was entered (`t_<stage>`, unix seconds)."""
+    also records when it was entered (`t_<stage>`, unix seconds). With `if_task`: only while the sample's
+    current task is still that one; None when it is not (the writer is stale)."""
     if "stage" in fields:
         fields[f"t_{fields['stage']}"] = time.time()
     state = {**sample_state(r, batch_id, sample_id), **fields}
-    r.hset(key(batch_id, "samples"), sample_id, json.dumps(state))
+    if if_task is None:
+        r.hset(key(batch_id, "samples"), sample_id, json.dumps(state))
+    elif not r.eval(_CAS, 1, key(batch_id, "samples"), sample_id, if_task, json.dumps(state)):
+        return None
     return state
 
 
@@ -147,6 +166,7 @@ def progress(r: redis.Redis, batch_id: str) -> Progress:
     count = {s: 0 for s in (*FINAL, "queued")}
     nodes: dict[str, int] = {}
     rewards = []
+    reassigned = 0
     for st in states:
         stage = st.get("stage", "queued")
         if stage in count:
@@ -155,8 +175,9 @@ def progress(r: redis.Redis, batch_id: str) -> Progress:
             nodes[st["node"]] = nodes.get(st["node"], 0) + 1
         if stage == "done" and st.get("reward") is not None:
             rewards.append(float(st["reward"]))
+        reassigned += bool(st.get("reassigned"))
     total = len(states)
     running = total - sum(count.values())
     return Progress(total, count["queued"], running, count["done"], count["masked"], count["cancelled"],
                     r.scard(key(batch_id, "groups")), int(meta["groups"]),
-                    sum(rewards) / len(rewards) if rewards else None, meta["status"], nodes)
+                    sum(rewards) / len(rewards) if rewards else None, meta["status"], nodes, reassigned)

@@ -3,15 +3,18 @@
 A node consumes the shared `prepare` and `postrun` queues and its own `<node>.run` and `<node>.postrun`; give a
 worker `-Q` to size one stage's concurrency separately. Long tasks: prefetch 1, late acks on the idempotent
 stages, a message whose worker process died is requeued (reject_on_worker_lost). No result backend: state lives
-in Redis (workers/batches.py) and in the batch folder.
+in Redis (workers/batches.py) and in the batch folder. Once ready, the node beats (workers/heartbeat.py): it is
+listed alive, reassigns what lost nodes held, and drains on `polar node drain` or SIGTERM.
 """
 from __future__ import annotations
+
+import signal
 
 from celery import Celery, signals
 from kombu import Exchange, Queue
 
 from workers import node
-from workers.settings import load_settings
+from workers.settings import PUBLISH_RETRY, load_settings
 
 try:
     settings = load_settings()
@@ -38,16 +41,48 @@ app.conf.update(
     broker_transport_options={"visibility_timeout": 6 * 3600, "queue_order_strategy": "priority"},
     worker_send_task_events=True,
     task_send_sent_event=True,
+    # Sending the next stage rides out a Redis restart instead of failing the stage.
+    task_publish_retry_policy=PUBLISH_RETRY,
 )
+
+
+_heartbeat = None
 
 
 @signals.worker_init.connect
 def _start_node(**_: object) -> None:
+    """The proxy, then a first heartbeat: the node is listed alive before it takes any sample."""
+    global _heartbeat
+    from workers import batches, steps
+    from workers.heartbeat import Heartbeat
+
     node.start(settings)
+    messages = steps.Messages(app)
+    _heartbeat = Heartbeat(settings, batches.connect(settings.broker), messages.enqueue, messages.revoke)
+    _heartbeat.begin()
+
+
+@signals.worker_ready.connect
+def _start_heartbeat(sender=None, **_: object) -> None:
+    """The heartbeat thread starts once the pool has forked (its processes need no copy of it)."""
+    hostname = sender.hostname
+
+    def consume_prepare(on: bool) -> None:
+        if on:
+            app.control.add_consumer("prepare", exchange="prepare", routing_key="prepare", destination=[hostname])
+        else:
+            app.control.cancel_consumer("prepare", destination=[hostname])
+
+    if _heartbeat is not None:
+        _heartbeat.consume_prepare = consume_prepare
+        _heartbeat.start()
+        signal.signal(signal.SIGTERM, _heartbeat.on_sigterm(signal.getsignal(signal.SIGTERM)))
 
 
 @signals.worker_shutdown.connect
 def _stop_node(**_: object) -> None:
+    if _heartbeat is not None:
+        _heartbeat.stop()
     node.stop()
 
 

@@ -1,10 +1,11 @@
-"""`polar submit | status | cancel | policy`: batches on the rollout workers (`celery -A workers worker`)."""
+"""`polar submit | status | cancel | policy | node`: batches on the rollout workers (`celery -A workers worker`)."""
 from __future__ import annotations
 
 import argparse
 import json
 import os
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 from polar_mitm.sampling import add_sampling_args, sampling_from_args
@@ -25,8 +26,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_sampling_args(p)
     _broker(p)
     p.set_defaults(func=submit)
-    s = sub.add_parser("status", help="progress of a batch")
-    s.add_argument("batch", help="batch id")
+    s = sub.add_parser("status", help="progress of a batch, and the nodes (alive, draining, stopped, lost)")
+    s.add_argument("batch", nargs="?", help="batch id (none: only the nodes)")
     s.add_argument("--json", action="store_true", help="machine-readable")
     _broker(s)
     s.set_defaults(func=status)
@@ -39,6 +40,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     f.add_argument("--timeout", type=float, default=120.0, help="pause: seconds to wait for in-flight calls")
     _broker(f)
     f.set_defaults(func=policy)
+    n = sub.add_parser("node", help="rollout nodes: list them, or drain one (no new samples; the rest handed over)")
+    n.add_argument("action", choices=["list", "drain", "undrain"])
+    n.add_argument("node", nargs="?", help="drain/undrain: the node's name (POLAR_NODE)")
+    n.add_argument("--deadline", type=float, default=300.0,
+                   help="drain: seconds its running samples may take to finish before they are handed over")
+    _broker(n)
+    n.set_defaults(func=node)
 
 
 def _broker(p: argparse.ArgumentParser) -> None:
@@ -93,6 +101,10 @@ def summary(batch, p) -> str:
     lines = [f"batch {batch.batch_id}: {p.line()}"]
     if p.nodes:
         lines.append("  samples per node: " + ", ".join(f"{n} {c}" for n, c in sorted(p.nodes.items())))
+    for sid, st in sorted(batch.samples().items()):
+        if st.get("reassigned"):
+            lines.append(f"  reassigned {sid}: from {', '.join(st.get('reassigned_from') or [])} "
+                         f"to {st.get('node')} ({st.get('stage')})")
     df = batch.trajectories()
     lines.append(f"  trajectories: {len(df)} rows in {batch.dir / 'trajectories'}")
     for res in batch.results():
@@ -111,13 +123,42 @@ def _find_batch(args: argparse.Namespace, command: str):
 
 
 def status(args: argparse.Namespace) -> int:
+    nodes = _client(args).nodes()
+    if args.batch is None:
+        if args.json:
+            print(json.dumps([asdict(n) for n in nodes]))
+        else:
+            print("\n".join(n.line() for n in nodes) or "no nodes have ever beat on this broker")
+        return 0
     if (batch := _find_batch(args, "status")) is None:
         return 2
     p = batch.progress()
     if args.json:
-        print(json.dumps({"batch_id": batch.batch_id, "dir": str(batch.dir), **p.to_dict()}))
+        print(json.dumps({"batch_id": batch.batch_id, "dir": str(batch.dir), **p.to_dict(),
+                          "node_states": {n.node: n.state for n in nodes}}))
     else:
         print(summary(batch, p))
+        print("  nodes: " + (", ".join(f"{n.node} {n.state}" for n in nodes) or "none"))
+    return 0
+
+
+def node(args: argparse.Namespace) -> int:
+    client = _client(args)
+    if args.action == "list":
+        print("\n".join(n.line() for n in client.nodes()) or "no nodes have ever beat on this broker")
+        return 0
+    if not args.node:
+        print(f"polar node {args.action}: name the node", file=sys.stderr)
+        return 2
+    if args.node not in {n.node for n in client.nodes()}:
+        print(f"polar node {args.action}: no node {args.node!r} has ever beat on this broker", file=sys.stderr)
+        return 2
+    if args.action == "drain":
+        client.drain(args.node, args.deadline)
+        print(f"node {args.node}: draining; samples still running in {args.deadline:g}s are handed over")
+    else:
+        client.undrain(args.node)
+        print(f"node {args.node}: takes new samples again")
     return 0
 
 

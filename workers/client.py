@@ -15,21 +15,50 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from workers import batches, steps
-from workers.manifest import Manifest, new_batch_id, plan, read_manifest, write_manifest
-from workers.settings import DEFAULT_BROKER, sessions_url
+import redis
 
+from workers import batches, liveness, steps
+from workers.manifest import Manifest, new_batch_id, plan, read_manifest, write_manifest
+from workers.settings import DEFAULT_BROKER, PUBLISH_RETRY, sessions_url
 
 class PolarClient:
-    def __init__(self, broker: str = DEFAULT_BROKER, sessions: str | None = None) -> None:
+    def __init__(self, broker: str = DEFAULT_BROKER, sessions: str | None = None, liveness_s: float = 30.0) -> None:
         from celery import Celery
 
         self.broker = broker
         self.sessions = sessions or sessions_url(broker)
         self.redis = batches.connect(broker)
         self.app = Celery("polar-client", broker=broker, set_as_current=False)
-        self.app.conf.update(task_serializer="json", accept_content=["json"], task_ignore_result=True)
+        self.app.conf.update(task_serializer="json", accept_content=["json"], task_ignore_result=True,
+                             task_publish_retry_policy=PUBLISH_RETRY)
         self.messages = steps.Messages(self.app)
+        self.liveness_s = liveness_s
+        self.connected_since: float | None = None
+
+    def nodes(self) -> list[liveness.NodeStatus]:
+        """Every node that ever beat: alive, draining, stopped or lost."""
+        return liveness.nodes(self.redis)
+
+    def drain(self, node: str, deadline_s: float = 300.0) -> None:
+        """The node takes no new samples; what still runs there `deadline_s` from now is handed over."""
+        liveness.drain(self.redis, node, deadline_s)
+
+    def undrain(self, node: str) -> None:
+        liveness.undrain(self.redis, node)
+
+    def reap(self) -> list[str]:
+        """Reassign what lost nodes held (nodes do this too; whoever comes first), once this client has been
+        connected for a liveness timeout; returns the samples reassigned."""
+        now = time.monotonic()
+        try:
+            self.connected_since = self.connected_since or now
+            if now - self.connected_since < self.liveness_s:
+                self.redis.ping()
+                return []
+            return steps.reap(self.redis, self.messages.enqueue)
+        except redis.RedisError:
+            self.connected_since = None
+            return []
 
     def submit(self, tasks: str | Path, group_size: int = 4, min_groups: int | None = None,
                adapter: str | None = None, out: str | Path = "runs/batches", max_staleness: int | None = None,
@@ -98,9 +127,11 @@ class Batch:
     def wait(self, timeout: float | None = None, poll_s: float = 0.5,
              on_progress: Callable[[batches.Progress], None] | None = None) -> batches.Progress:
         """Block until the batch is completed or cancelled and every sample has settled; TimeoutError after
-        `timeout` seconds. `on_progress` sees each poll's progress (polar submit --wait draws its bar with it)."""
+        `timeout` seconds. `on_progress` sees each poll's progress (polar submit --wait draws its bar with it).
+        Each poll also reassigns what lost nodes held, so a batch finishes without them."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
+            self.client.reap()
             p = self.progress()
             if on_progress is not None:
                 on_progress(p)

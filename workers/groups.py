@@ -60,7 +60,8 @@ def _apply(row: dict[str, Any], group_id: str, res: dict[str, Any], r: Any, adva
            config: GroupConfig) -> dict[str, Any]:
     meta = json.loads(row.get("metadata") or "{}")
     meta["sample"] = {"sample_id": res["sample_id"], "node": res.get("node"), "status": r.status,
-                      "failure": r.failure, "reason": r.reason, "masked": not r.trainable}
+                      "failure": r.failure, "reason": r.reason, "masked": not r.trainable,
+                      "attempts": res.get("attempts", 1), "reassigned_from": res.get("reassigned_from") or []}
     lo, hi = row.get("policy_version_min"), row.get("policy_version_max")
     if config.max_staleness is not None and lo is not None and hi is not None:
         meta["stale"] = bool(hi - lo > config.max_staleness)

@@ -5,7 +5,8 @@ Attempts: each prepare makes a fresh `samples/<sample_id>/attempt-<k>/` and aban
 did not finish. A run stage that finds its own start mark was redelivered (its worker died under it): that
 attempt is abandoned and the sample starts over under the same sample id. Abandoning keeps what was recorded:
 the session's capture file moves into the attempt folder (`abandoned-captures/`), ABANDONED.json says why, and
-the session is unregistered; no part is ever built from an abandoned attempt.
+the session is unregistered; no part is ever built from an abandoned attempt. An attempt whose node was lost
+(workers/heartbeat.py) is abandoned the same way by the node that starts the sample again, kind `node_lost`.
 """
 from __future__ import annotations
 
@@ -77,14 +78,23 @@ def sample_config(manifest: Manifest, sample_id: str, settings: WorkerSettings, 
                         sampling=manifest.sampling)
 
 
-def prepare(manifest: Manifest, sample_id: str, ctx: NodeContext) -> Path:
-    """A fresh attempt, prepared (sandbox, workspace, session); returns its folder."""
+SUPERSEDED = ("superseded by a new attempt (its worker was lost)", "worker_lost")
+
+
+def abandon_open(sdir: Path, proxy: ProxyHandle, why: tuple[str, str] = SUPERSEDED) -> None:
+    """Abandon every attempt of the sample that did not finish; `why`: (reason, kind)."""
+    for old in attempts(sdir):
+        if not (old / ABANDONED).exists():
+            abandon(old, proxy, *why)
+
+
+def prepare(manifest: Manifest, sample_id: str, ctx: NodeContext, why: tuple[str, str] = SUPERSEDED) -> Path:
+    """A fresh attempt, prepared (sandbox, workspace, session); returns its folder. Earlier attempts that did not
+    finish are abandoned first, `why` saying why."""
     from polar.run.sample import prepare_sample
 
     sdir = sample_dir(manifest, sample_id)
-    for old in attempts(sdir):
-        if not (old / ABANDONED).exists():
-            abandon(old, ctx.proxy, "superseded by a new attempt (its worker was lost)", "worker_lost")
+    abandon_open(sdir, ctx.proxy, why)
     out = sdir / f"attempt-{len(attempts(sdir)) + 1}"
     cfg = sample_config(manifest, sample_id, ctx.settings, out)
     return prepare_sample(cfg, engine_config(ctx.settings), ctx.proxy)
@@ -134,7 +144,8 @@ def cancellable() -> Iterator[None]:
 
 def abandon(attempt: Path, proxy: ProxyHandle, reason: str, kind: str) -> None:
     """Mark an attempt abandoned: its session ends and its sandbox stops (polar.run.sample.cleanup_sample), its capture
-    moves into the attempt folder, ABANDONED.json says why; nothing of it is trained on."""
+    moves into the attempt folder, ABANDONED.json says why; nothing of it is trained on. The capture is looked for
+    where the attempt's own proxy wrote it (another node's, when that node was lost), else in `proxy`'s."""
     session = _session_of(attempt)
     moved = []
     if session:
@@ -142,6 +153,9 @@ def abandon(attempt: Path, proxy: ProxyHandle, reason: str, kind: str) -> None:
 
         cleanup_sample(attempt)
         src = proxy.capture_dir / session["task_id"] / f"{session['session_id']}.jsonl"
+        recorded = json.loads((attempt / "sample.json").read_text()).get("proxy", {}).get("capture_dir")
+        if recorded and (Path(recorded) / src.relative_to(proxy.capture_dir)).exists():
+            src = Path(recorded) / src.relative_to(proxy.capture_dir)
         if src.exists():
             dst = attempt / "abandoned-captures" / session["task_id"] / src.name
             dst.parent.mkdir(parents=True, exist_ok=True)

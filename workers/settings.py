@@ -15,6 +15,9 @@
   POLAR_WAY_IN        https_proxy | base_url               https_proxy
   POLAR_INFRA_RETRIES samples retried after an infrastructure failure   2
   POLAR_CONFDIR       the node proxy's CA folder           ~/.polar/mitmproxy
+  POLAR_HEARTBEAT_S   how often a node refreshes its heartbeat in Redis   5
+  POLAR_LIVENESS_S    a node silent this long is lost; its samples start over elsewhere   30
+  POLAR_DRAIN_S       a draining node's running samples may finish within this; the rest are handed over   300
 """
 from __future__ import annotations
 
@@ -31,6 +34,8 @@ from polar_traj.records import check_id
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_BROKER = "redis://127.0.0.1:6379/1"
+# Sending a message rides out a Redis restart (about a minute) instead of failing.
+PUBLISH_RETRY = {"max_retries": 60, "interval_start": 0.2, "interval_step": 0.5, "interval_max": 2.0}
 
 
 @dataclass(frozen=True)
@@ -47,6 +52,20 @@ class WorkerSettings:
     way_in: str
     infra_retries: int
     confdir: Path
+    heartbeat_s: float = 5.0
+    liveness_s: float = 30.0
+    drain_s: float = 300.0
+
+
+def seconds(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name, str(default))
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise ValueError(f"{name} {raw!r}: expected a number of seconds above 0")
+    return value
 
 
 def sessions_url(broker: str) -> str:
@@ -91,6 +110,9 @@ def load_settings(env: Mapping[str, str] | None = None) -> WorkerSettings:
     retries = env.get("POLAR_INFRA_RETRIES", "2")
     if not retries.isdigit():
         raise ValueError(f"POLAR_INFRA_RETRIES {retries!r}: expected a whole number")
+    heartbeat_s, liveness_s = seconds(env, "POLAR_HEARTBEAT_S", 5.0), seconds(env, "POLAR_LIVENESS_S", 30.0)
+    if liveness_s < 2 * heartbeat_s:  # one late beat must not make a node lost
+        raise ValueError(f"POLAR_LIVENESS_S {liveness_s:g}: expected at least twice POLAR_HEARTBEAT_S ({heartbeat_s:g})")
     return WorkerSettings(
         broker=broker,
         sessions=env.get("POLAR_SESSIONS") or sessions_url(broker),
@@ -104,4 +126,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> WorkerSettings:
         way_in=way_in,
         infra_retries=int(retries),
         confdir=Path(env.get("POLAR_CONFDIR", "~/.polar/mitmproxy")).expanduser().resolve(),
+        heartbeat_s=heartbeat_s,
+        liveness_s=liveness_s,
+        drain_s=seconds(env, "POLAR_DRAIN_S", 300.0),
     )

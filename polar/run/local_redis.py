@@ -1,6 +1,8 @@
 """A private redis-server for one run, stopped after it: on a unix socket only (reachable from any network
 namespace: a proxy whose sessions must carry their task ids when no shared Redis is given, `polar run --task`)
-or on 127.0.0.1 and a free port (Celery's broker in the demo, the benches and the tests)."""
+or on 127.0.0.1 and a free port (Celery's broker in the demo, the benches and the tests). Persistence is on
+(`appendonly yes`, as a cluster's Redis must have it): a redis-server restarted on the same data directory keeps
+every queued stage and the batch state."""
 from __future__ import annotations
 
 import shutil
@@ -15,21 +17,29 @@ from polar.run.services import ServiceError
 from polar_mitm.launch import free_port, stop, wait_for_port
 
 
-@contextmanager
-def private_redis(log_dir: Path, start_timeout_s: float = 20.0, tcp: bool = False) -> Iterator[str]:
-    """Yields `unix://…/redis.sock` (in a short temporary directory: socket paths are limited) or, with `tcp`,
-    `redis://127.0.0.1:PORT/0`. Nothing is saved to disk."""
+def redis_command(data_dir: Path, port: int = 0, sock: Path | None = None) -> list[str]:
+    """redis-server on 127.0.0.1:`port` (or only the unix socket `sock`), its append-only file in `data_dir`."""
     server = shutil.which("redis-server")
     if server is None:
         raise ServiceError("redis-server is not installed (make setup installs it)")
+    listen = ["--unixsocket", str(sock), "--unixsocketperm", "700"] if sock else ["--bind", "127.0.0.1"]
+    return [server, "--port", str(port), *listen, "--save", "", "--appendonly", "yes", "--dir", str(data_dir)]
+
+
+def start_redis(cmd: list[str], log: Path) -> subprocess.Popen:
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as out:
+        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+
+
+@contextmanager
+def private_redis(log_dir: Path, start_timeout_s: float = 20.0, tcp: bool = False) -> Iterator[str]:
+    """Yields `unix://…/redis.sock` (in a short temporary directory: socket paths are limited) or, with `tcp`,
+    `redis://127.0.0.1:PORT/0`. Its data (the append-only file) goes with it."""
     tmp = Path(tempfile.mkdtemp(prefix="polar-redis-"))
     sock, log = tmp / "redis.sock", log_dir / "redis.log"
     port = free_port() if tcp else 0
-    listen = ["--bind", "127.0.0.1"] if tcp else ["--unixsocket", str(sock), "--unixsocketperm", "700"]
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([server, "--port", str(port), *listen, "--save", "", "--appendonly", "no",
-                                 "--dir", str(tmp)], stdout=out, stderr=subprocess.STDOUT)
+    proc = start_redis(redis_command(tmp, port, None if tcp else sock), log)
     try:
         if tcp:
             try:

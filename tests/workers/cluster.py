@@ -25,6 +25,10 @@ class Node:
                              text=True).stdout
         return [int(line.split()[0]) for line in out.splitlines() if "celery" in line]
 
+    def signal_group(self, sig: int) -> None:
+        """Signal the node's whole process group (spawned with `own_group`): worker, pool, proxy, sandboxes."""
+        os.killpg(self.proc.pid, sig)
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
@@ -43,18 +47,21 @@ def node_env(broker: str, sessions: str, engine_url: str, model_dir: Path, outpu
             "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", **extra}
 
 
-def start_node(env: dict[str, str], concurrency: int = 1, timeout_s: float = 300.0) -> Node:
-    return wait_ready(spawn_node(env, concurrency), timeout_s)
+def start_node(env: dict[str, str], concurrency: int = 1, timeout_s: float = 300.0, own_group: bool = False) -> Node:
+    return wait_ready(spawn_node(env, concurrency, own_group), timeout_s)
 
 
-def spawn_node(env: dict[str, str], concurrency: int = 1) -> Node:
+def spawn_node(env: dict[str, str], concurrency: int = 1, own_group: bool = False) -> Node:
+    """`own_group`: the node gets its own process group (and session), so a test can kill all of it at once, as
+    an OOM kill or a lost machine would."""
     name = env["POLAR_NODE"]
     log = Path(env["POLAR_OUTPUT_ROOT"]) / "nodes" / name / "worker.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "celery", "-A", "workers", "worker", "-n", f"{name}@%h", "-c", str(concurrency),
            "-P", "prefork", "--loglevel", "INFO", "--without-gossip", "--without-mingle"]
     with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=own_group)
     return Node(name, proc, log)
 
 

@@ -61,3 +61,14 @@ def test_a_local_worker_refuses_to_start_with_one_line():
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 1 and len(lines) == 1, proc.stderr
     assert lines[0].startswith("polar worker: POLAR_RUNTIME=local refused") and "POLAR_ALLOW_LOCAL=1" in lines[0]
+
+
+def test_liveness_settings():
+    s = load_settings({"POLAR_NODE": "n1"})
+    assert (s.heartbeat_s, s.liveness_s, s.drain_s) == (5.0, 30.0, 300.0)
+    s = load_settings({"POLAR_NODE": "n1", "POLAR_HEARTBEAT_S": "0.5", "POLAR_LIVENESS_S": "3"})
+    assert (s.heartbeat_s, s.liveness_s) == (0.5, 3.0)
+    with pytest.raises(ValueError, match="POLAR_LIVENESS_S 4: expected at least twice POLAR_HEARTBEAT_S"):
+        load_settings({"POLAR_NODE": "n1", "POLAR_HEARTBEAT_S": "3", "POLAR_LIVENESS_S": "4"})
+    with pytest.raises(ValueError, match="POLAR_HEARTBEAT_S 'soon'"):
+        load_settings({"POLAR_NODE": "n1", "POLAR_HEARTBEAT_S": "soon"})
