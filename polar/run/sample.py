@@ -34,10 +34,10 @@ from polar.run.local_redis import private_redis
 from polar.run.services import ProxyHandle, new_session
 from polar.run.session import (DEFAULT_CONFDIR, HARNESS_BIN, TOOLS_BIN, EngineConfig, HarnessSetup, capture_files,
                                exec_harness, prepare_harness, shared_dir, start_services, workspace_snapshots)
-from polar.run.summary import build_trajectories, changed_files, count_calls
+from polar.run.summary import WorkspaceTooLarge, build_trajectories, changed_files, count_calls
 from polar.run.state import SampleState, load_state
 from polar.sandbox.runtime import Sandbox, get_runtime, resolve_runtime
-from polar.tasks.evaluate import EvaluatorCrash, evaluate
+from polar.tasks.evaluate import Evaluation, EvaluatorCrash, evaluate
 from polar.tasks.spec import TaskSpec
 from polar.tasks.verify import prepare_verify
 from polar_traj import atomic
@@ -184,7 +184,11 @@ def evaluate_sample(sample_dir: Path) -> None:
 
 def _verify(state: SampleState, out: Path) -> None:
     spec = state.task.evaluator
-    before, after = workspace_snapshots(out)
+    try:
+        before, after = workspace_snapshots(out)
+    except WorkspaceTooLarge as e:  # the agent made them (the start was snapshotted): nothing to verify on
+        state.evaluation = asdict(Evaluation(0.0, f"[polar] {e}: reward 0"))
+        return
     summary = {"sample_id": state.sample_id, "group_id": state.group_id, "adapter": state.adapter,
                "exit_code": state.exit_code, "timed_out": state.timed_out, "task_id": state.task.task_id,
                "files_changed": changed_files(before, after)}

@@ -28,7 +28,7 @@ from typing import Any
 from polar.harness.adapters import AdapterSpec
 from polar.harness.render import Endpoint, Rendered, RunValues, redact, render, write_files
 from polar.run.services import ROOT, ProxyHandle, Session, context_view, new_session, reference_server, start_proxy
-from polar.run.summary import RunSummary, changed_files, snapshot, summarize
+from polar.run.summary import RunSummary, WorkspaceTooLarge, changed_files, snapshot, summarize
 from polar.sandbox.bridge import UnixToTcp
 from polar.sandbox.runtime import ExecResult, Mounts, Sandbox, get_runtime
 
@@ -247,8 +247,12 @@ def _finish(cfg: RunConfig, proxy: ProxyHandle, own_proxy: bool, session: Sessio
     status = "timeout" if result.timed_out else "completed" if result.exit_code == 0 else "error"
     reason = None if status == "completed" else f"harness exited {result.exit_code}" + (
         f" after the {cfg.timeout_s:.0f}s timeout" if result.timed_out else "")
-    changed = changed_since_start(out)
+    try:
+        changed, too_large = changed_since_start(out), None
+    except WorkspaceTooLarge as e:
+        changed, too_large = {}, str(e)
     summary, error = summarize(files, out / "trajectories.parquet", cfg.adapter.name, status, reason, changed)
+    error = error or too_large
     timer.lap("build_s", t)
     timer.marks["total_s"] = round(time.monotonic() - timer.t0, 3)
     run = RunResult(out, result.exit_code, result.timed_out, status,

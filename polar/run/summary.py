@@ -2,11 +2,23 @@
 from __future__ import annotations
 
 import hashlib
+import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 SKIP_DIRS = {".git", "node_modules", "__pycache__"}
+# The workspace is the agent's: whatever it left (a 64 GiB sparse file, a FIFO, a million files), a snapshot costs
+# the worker bounded memory and time.
+CHUNK = 1 << 20  # bytes read at a time when hashing
+HASH_LIMIT = 64 << 20  # a larger file is recorded by its stat line, not read
+TOTAL_HASH_LIMIT = 1 << 30  # bytes hashed per snapshot (~2 s here); later files by their stat line
+MAX_ENTRIES = 100_000  # files, links and folders walked; past that the snapshot fails with WorkspaceTooLarge
+
+
+class WorkspaceTooLarge(ValueError):
+    """More entries than a snapshot walks: the agent made them (or the task's workspace is too big)."""
 
 
 @dataclass
@@ -35,20 +47,76 @@ class RunSummary:
         ]
 
 
-def snapshot(root: Path) -> dict[str, str]:
-    """relative path -> sha256 of every regular file under root (symlinks by target text)."""
+def snapshot(root: Path, max_entries: int = MAX_ENTRIES) -> dict[str, str]:
+    """relative path -> what is there, for every entry under root but folders: a regular file's sha256 (its
+    stat line above the caps), a symlink's target text, a special file's kind. Nothing is followed and no special
+    file is opened (opening a FIFO blocks); WorkspaceTooLarge past `max_entries` entries."""
     out: dict[str, str] = {}
-    if not root.is_dir():
+    if root.is_symlink() or not root.is_dir():
         return out
-    for path in sorted(root.rglob("*")):
-        rel = path.relative_to(root)
-        if SKIP_DIRS & set(rel.parts):
-            continue
-        if path.is_symlink():
-            out[str(rel)] = "link:" + str(path.readlink())
-        elif path.is_file():
-            out[str(rel)] = hashlib.sha256(path.read_bytes()).hexdigest()
-    return out
+    budget, walked, folders = TOTAL_HASH_LIMIT, 0, [""]
+    while folders:
+        rel_dir = folders.pop()
+        entries = []
+        try:
+            with os.scandir(root / rel_dir) as it:
+                for entry in it:  # counted as read: one folder may hold millions
+                    walked += 1
+                    if walked > max_entries:
+                        raise WorkspaceTooLarge(f"the workspace holds more than {max_entries} entries")
+                    entries.append(entry)
+        except OSError:
+            continue  # unreadable: what it holds is not in the snapshot (nor in the verify copy)
+        for entry in sorted(entries, key=lambda e: e.name):
+            if entry.name in SKIP_DIRS:
+                continue
+            rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
+            try:
+                st = entry.stat(follow_symlinks=False)
+                if stat.S_ISDIR(st.st_mode):
+                    folders.append(rel)
+                elif stat.S_ISLNK(st.st_mode):
+                    out[rel] = "link:" + os.readlink(entry.path)
+                elif stat.S_ISREG(st.st_mode):
+                    out[rel], hashed = _digest(entry.path, st, budget)
+                    budget -= hashed
+                else:
+                    out[rel] = "special:" + _kind(st.st_mode)
+            except OSError:
+                continue  # gone since the listing, or a path too long to name
+    return dict(sorted(out.items()))
+
+
+def _digest(path: str, st: os.stat_result, budget: int) -> tuple[str, int]:
+    """(sha256, bytes read) of a regular file, read in chunks; (stat line, 0) above the caps or unreadable."""
+    if st.st_size > HASH_LIMIT or st.st_size > budget:
+        return _stat_line(st), 0
+    try:  # O_NOFOLLOW, O_NONBLOCK: a link or FIFO swapped in since the stat is neither followed nor waited on
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return _stat_line(st), 0
+    with open(fd, "rb", buffering=0) as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > min(HASH_LIMIT, budget):
+            return _stat_line(st), 0
+        digest, left = hashlib.sha256(), st.st_size
+        while left > 0 and (chunk := f.read(min(CHUNK, left))):
+            digest.update(chunk)
+            left -= len(chunk)
+    return digest.hexdigest(), st.st_size
+
+
+def _stat_line(st: os.stat_result) -> str:
+    """A file not read: ctime is in, since the agent can set mtime back but not ctime."""
+    return f"stat:size={st.st_size}:mtime_ns={st.st_mtime_ns}:ctime_ns={st.st_ctime_ns}"
+
+
+def _kind(mode: int) -> str:
+    for kind, test in (("fifo", stat.S_ISFIFO), ("socket", stat.S_ISSOCK), ("char-device", stat.S_ISCHR),
+                       ("block-device", stat.S_ISBLK)):
+        if test(mode):
+            return kind
+    return "other"
 
 
 def changed_files(before: dict[str, str], after: dict[str, str]) -> dict[str, list[str]]:

@@ -11,6 +11,7 @@ follow a symlink (os.fwalk), so a link the agent left cannot point them at a hos
 """
 from __future__ import annotations
 
+import errno
 import os
 import pwd
 import shutil
@@ -21,6 +22,7 @@ from typing import Iterable
 
 SANDBOX_USER = "polar-sandbox"
 PRIVILEGE_BITS = stat.S_ISUID | stat.S_ISGID
+COPY_CHUNK = 1 << 20  # bytes of a sparse file's data copied at a time
 
 
 class IdentityError(RuntimeError):
@@ -104,10 +106,33 @@ def _clear(name: str, dir_fd: int) -> int:
 
 
 def _copy_file(src: str, dst: str) -> None:
-    shutil.copy2(src, dst)
+    st = os.lstat(src)
+    if stat.S_ISREG(st.st_mode) and st.st_blocks * 512 < st.st_size:
+        _copy_sparse(src, dst, st.st_size)
+        shutil.copystat(src, dst)
+    else:
+        shutil.copy2(src, dst)
     mode = os.lstat(dst).st_mode
     if mode & PRIVILEGE_BITS:
         os.chmod(dst, stat.S_IMODE(mode) & ~PRIVILEGE_BITS)
+
+
+def _copy_sparse(src: str, dst: str, size: int) -> None:
+    """Copy only the data extents (SEEK_DATA/SEEK_HOLE), holes stay holes: a 64 GiB sparse file the agent made
+    costs the copy no time and no disk (a plain copy writes 64 GiB of zeros)."""
+    with open(src, "rb") as fin, open(dst, "wb") as fout:
+        i, o, pos = fin.fileno(), fout.fileno(), 0
+        while pos < size:
+            try:
+                start = os.lseek(i, pos, os.SEEK_DATA)
+            except OSError as e:
+                if e.errno != errno.ENXIO:
+                    raise
+                break  # nothing but a hole from pos on
+            pos = os.lseek(i, start, os.SEEK_HOLE)
+            while start < pos and (chunk := os.pread(i, min(pos - start, COPY_CHUNK), start)):
+                start += os.pwrite(o, chunk, start)
+        os.ftruncate(o, size)
 
 
 def copy_without_privileges(src: Path, dst: Path) -> None:

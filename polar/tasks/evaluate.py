@@ -149,7 +149,12 @@ def _python(spec: EvaluatorSpec, mounts: Mounts, out: Path, summary: dict[str, A
 
 
 def _read(path: Path) -> str:
-    return path.read_text(errors="replace") if path.exists() else ""
+    """The tail of an output file: the workspace's code may have printed gigabytes."""
+    if not path.exists():
+        return ""
+    with path.open("rb") as f:
+        f.seek(max(0, f.seek(0, os.SEEK_END) - 4 * OUTPUT_LIMIT))  # UTF-8: at most 4 bytes a character
+        return f.read().decode(errors="replace")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,14 +9,17 @@ import json
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+import yaml
 from transformers import AutoTokenizer
 
 from polar.harness.adapters import load_adapter
@@ -239,3 +242,136 @@ def test_sigterm_of_polar_run_stops_the_instance(tmp_path, policies_dir, tiny_mo
     assert proc.returncode == 130 and "interrupted" in output, output
     assert name not in instances()
     assert json.loads((out / "sample.json").read_text())["cleaned"] == {"session": True, "sandbox": True}
+
+
+class Watch:
+    """The largest resident set and thread count of this process (the worker) while it runs, sampled."""
+
+    def __init__(self) -> None:
+        self.rss, self.threads = self.now()
+        self.peak_rss, self.peak_threads = self.rss, self.threads
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+
+    @staticmethod
+    def now() -> tuple[int, int]:
+        with open("/proc/self/status") as f:
+            fields = dict(line.split(":", 1) for line in f)
+        return int(fields["VmRSS"].split()[0]) * 1024, int(fields["Threads"])
+
+    def _sample(self) -> None:
+        while not self.done.wait(0.05):
+            rss, threads = self.now()
+            self.peak_rss, self.peak_threads = max(self.peak_rss, rss), max(self.peak_threads, threads)
+
+    def __enter__(self) -> Watch:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.done.set()
+        self.thread.join()
+
+
+def task_with(tmp_path: Path, files: dict[str, str], sparse: int = 0):
+    """fix-calc with its workspace copied to tmp_path plus `files` (and a `sparse`-byte hole as given.bin)."""
+    task = load_tasks(DEMO)[0]
+    workspace = tmp_path / "task-workspace"
+    shutil.copytree(task.workspace, workspace)
+    for name, text in files.items():
+        (workspace / name).write_text(text)
+    if sparse:
+        with open(workspace / "given.bin", "wb") as f:
+            f.truncate(sparse)
+    return dataclasses.replace(task, workspace=workspace)
+
+
+def run_with_policy(tmp_path: Path, task, command: str, start_reference_server, long_model, redis_url,
+                    name: str, reward: float = 1.0) -> tuple[SampleConfig, SampleResult, Watch]:
+    """One sample of `task` with pi in Apptainer, whose policy runs `command` and then says "Done."; it must
+    complete with `reward`."""
+    from tests.polar.tasks.test_reward_hacks import one_command_policy
+
+    demo_image()
+    policy = tmp_path / f"{name}.yaml"
+    policy.write_text(yaml.safe_dump(one_command_policy(command)))
+    backend = start_reference_server(policy, long_model)
+    cfg = SampleConfig(task, load_adapter("pi"), tmp_path / "s", name, task.task_id, "apptainer")
+    with start_proxy(long_model, backend, tmp_path / "captures", tmp_path / "mitm", tmp_path / "proxy.log",
+                     redis_url) as proxy, Watch() as watch:
+        result = run_sample(cfg, EngineConfig(long_model, backend=backend), proxy)
+    assert (result.status, result.failure, result.reward, result.weight) == ("completed", None, reward, 1.0), (
+        result, diagnose(cfg))
+    assert result.calls >= 2 and result.tampered == []  # the tool call ran, then "Done." reached the proxy
+    return cfg, result, watch
+
+
+@pytest.mark.slow
+def test_a_64_gib_sparse_file_and_a_fifo_leave_the_reward_and_the_worker_whole(tmp_path, start_reference_server,
+                                                                             long_model, redis_url) -> None:
+    """Issue 24: the task's workspace holds a 64 GiB sparse file; the agent makes a FIFO and the largest sparse
+    file its sandbox allows (RLIMIT_FSIZE refuses 64 GiB there), then fixes the bug. The sample completes with
+    reward 1, and this process (the worker: snapshots, verify copy, evaluator) grows by under 200 MB."""
+    task = task_with(tmp_path, {}, sparse=64 * 2**30)
+    command = "truncate -s 64G made.bin || truncate -s 4095M made.bin; mkfifo pipe; sed -i 's/a - b/a + b/' calc.py"
+    cfg, _, watch = run_with_policy(tmp_path, task, command, start_reference_server, long_model, redis_url,
+                                    "sparse-fifo")
+    final = cfg.out / "workspace"
+    assert stat.S_ISFIFO(os.lstat(final / "pipe").st_mode)
+    assert (final / "made.bin").stat().st_size == 4095 * 2**20 and (final / "given.bin").stat().st_size == 64 * 2**30
+    copy = cfg.out / "verify" / "workspace"
+    assert not (copy / "pipe").exists()  # a FIFO is left out of the verify copy
+    assert all((copy / n).stat().st_blocks * 512 < 2**20 for n in ("made.bin", "given.bin"))  # holes stay holes
+    assert watch.peak_rss - watch.rss < 200 * 2**20, f"the worker grew by {(watch.peak_rss - watch.rss) >> 20} MB"
+
+
+FLOOD = """import glob, select, socket, time
+# The bridge's socket file, as the in-sandbox forwarder was told it: straight to the worker's side, no cap inside.
+args = [a for f in glob.glob("/proc/[0-9]*/cmdline") for a in open(f, "rb").read().decode().split("\\0")]
+path = next(a.split("=", 1)[1] for a in args if a.endswith("/proxy.sock"))
+clients = []
+for _ in range(600):
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(path)
+    clients.append(s)
+time.sleep(1)
+readable = select.select(clients, [], [], 2)[0]
+refused = 0
+for s in readable:
+    try:
+        refused += s.recv(1) == b""
+    except ConnectionResetError:
+        refused += 1
+print("refused", refused, "held", 600 - len(readable))
+for s in clients:
+    s.close()
+time.sleep(1)
+"""
+
+
+@pytest.mark.slow
+def test_600_connections_to_the_bridge_socket_cost_the_worker_no_threads(tmp_path, start_reference_server,
+                                                                        long_model, redis_url) -> None:
+    """Issue 24: the agent opens 600 connections to the proxy's socket file at once and holds them. The worker's
+    thread count stays put, those beyond the cap are refused, and the harness still reaches the proxy after."""
+    from polar.sandbox.bridge import MAX_CONNECTIONS
+
+    task = task_with(tmp_path, {"flood.py": FLOOD})
+    command = "python3 flood.py > flood.txt 2>&1; sed -i 's/a - b/a + b/' calc.py"
+    cfg, _, watch = run_with_policy(tmp_path, task, command, start_reference_server, long_model, redis_url, "flood")
+    words = (cfg.out / "workspace" / "flood.txt").read_text().split()
+    assert words[0] == "refused", words
+    refused, held = int(words[1]), int(words[3])
+    assert held <= MAX_CONNECTIONS and refused >= 600 - MAX_CONNECTIONS and refused + held == 600
+    assert watch.peak_threads - watch.threads < 10, f"{watch.peak_threads} threads from {watch.threads}"
+
+
+@pytest.mark.slow
+def test_a_workspace_of_too_many_files_scores_zero(tmp_path, start_reference_server, long_model, redis_url) -> None:
+    """More entries than a snapshot walks (the agent made them): not verified, reward 0, trainable."""
+    from polar.run.summary import MAX_ENTRIES
+
+    command = f"mkdir many; (cd many && seq {MAX_ENTRIES + 1} | xargs touch); sed -i 's/a - b/a + b/' calc.py"
+    _, result, _ = run_with_policy(tmp_path, task_with(tmp_path, {}), command, start_reference_server, long_model,
+                                   redis_url, "many-files", reward=0.0)
+    assert f"more than {MAX_ENTRIES} entries: reward 0" in result.evaluator_output

@@ -124,3 +124,20 @@ def test_expected_files(box, tmp_path) -> None:
 def test_python_verifier_gets_workspace_and_summary(box, tmp_path) -> None:
     result = score(box, EvaluatorSpec("python", python="tests.polar.tasks.task_evaluators:half"), tmp_path)
     assert result.reward == 0.5 and "'answer.txt'" in result.output and result.output.endswith(" t1")
+
+
+def test_huge_output_is_read_by_its_tail(box, tmp_path) -> None:
+    """The workspace's code printing 100 MB: the reward on the last line still counts, and the host reads only the
+    output's tail (issue 24), not 100 MB."""
+    import tracemalloc
+
+    spec = EvaluatorSpec("command", command="head -c 100000000 /dev/zero | tr '\\0' x; echo; echo 0.5",
+                         reward="stdout")
+    tracemalloc.start()
+    try:
+        result = score(box, spec, tmp_path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert result.reward == 0.5 and len(result.output) <= evaluate_mod.OUTPUT_LIMIT
+    assert peak < 10 * 2**20

@@ -82,6 +82,27 @@ def test_what_cannot_be_copied_is_left_out(tmp_path) -> None:
     assert names == ["calc.py", "conftest.py", "tests"]
 
 
+def test_a_64_gib_sparse_file_is_copied_as_a_hole(tmp_path) -> None:
+    """The verify copy keeps holes (a plain copy would write 64 GiB of zeros) and the data around them."""
+    import time
+
+    task = load_tasks(DEMO)[0]
+    out, before = sample_folder(tmp_path, task)
+    with open(out / "workspace" / "big.bin", "wb") as f:
+        f.truncate(64 * 2**30)
+        f.seek(2**30)
+        f.write(b"data in the middle")
+    start = time.monotonic()
+    ground = prepare_verify(task, out, before, snapshot(out / "workspace"))
+    assert time.monotonic() - start < 10
+    copy = ground.mounts.workspace / "big.bin"
+    st = copy.stat()
+    assert st.st_size == 64 * 2**30 and st.st_blocks * 512 < 2**20  # a hole, not 64 GiB of disk
+    with open(copy, "rb") as f:
+        f.seek(2**30 - 4)
+        assert f.read(22) == bytes(4) + b"data in the middle"
+
+
 def test_home_hooks_are_named(tmp_path) -> None:
     site = tmp_path / ".local" / "lib" / "python3.11" / "site-packages"
     site.mkdir(parents=True)
