@@ -4,7 +4,9 @@
    ids sent straight to the engine's /generate: p50 and p99 ratio;
 2. streaming time-to-first-token through the proxy vs direct;
 3. proxy CPU per turn at turn 1-5 vs turn 46-50 of a growing conversation (history substitution keeps
-   per-turn work flat apart from the unavoidable copy of the token list).
+   per-turn work flat apart from the unavoidable copy of the token list);
+4. latency of one session's small calls while another session sends two 19 MiB bodies (refused: past the
+   context; accepted: a large field the template does not render), as a ratio to the quiet case.
 
     .venv/bin/python bench/proxy.py [--calls 48] [--concurrency 8] [--turns 50]
 """
@@ -99,6 +101,31 @@ def ttft(proxy, engine: str, repeats: int = 10) -> None:
           f"proxy {statistics.median(p):.1f} ms, ratio {statistics.median(p) / statistics.median(d):.2f}x")
 
 
+def small_call_ms(client: httpx.Client, proxy, n: int) -> float:
+    return timed(lambda: client.post(proxy.base_url + "/v1/chat/completions", json=chat_body(f"small call {n}"),
+                                     headers={"authorization": "Bearer quiet-neighbour"}).raise_for_status())
+
+
+def noisy_neighbour(proxy, mib: int = 19) -> None:
+    import threading
+
+    client = httpx.Client(timeout=300)
+    quiet = [small_call_ms(client, proxy, n) for n in range(10)]
+    text = "word " * (mib * 2**20 // 5)
+    print(f"latency of a small call while another session sends two {mib} MiB bodies:")
+    for kind, body in (("refused", chat_body(text)), ("accepted", {**chat_body("hi"), "metadata": {"note": text}})):
+        senders = [threading.Thread(target=lambda: httpx.post(
+            proxy.base_url + "/v1/chat/completions", json=body, timeout=300,
+            headers={"authorization": f"Bearer noisy-{kind}"})) for _ in range(2)]
+        for t in senders:
+            t.start()
+        busy = []
+        while any(t.is_alive() for t in senders) or len(busy) < 5:
+            busy.append(small_call_ms(client, proxy, len(busy)))
+        print(f"  {kind:8} quiet p50 {statistics.median(quiet):6.1f} ms, beside it worst {max(busy):7.1f} ms, "
+              f"ratio {max(busy) / statistics.median(quiet):6.1f}x ({len(busy)} calls)")
+
+
 def proc_cpu_ms(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) * 1000 / os.sysconf("SC_CLK_TCK")
@@ -141,6 +168,7 @@ def main() -> int:
         with proxy_process(Path(tmp) / "p", engine, MODEL) as proxy:
             latency(proxy, engine, args.calls, args.concurrency)
             ttft(proxy, engine)
+            noisy_neighbour(proxy)
         with reference_server(MODEL, policy) as echo, proxy_process(Path(tmp) / "q", echo, MODEL) as proxy:
             cpu_per_turn(proxy, args.turns)
     return 0

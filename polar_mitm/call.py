@@ -1,6 +1,7 @@
 """One LLM call through the proxy: its state from request to record, as plain functions."""
 from __future__ import annotations
 
+import hashlib
 import time
 import uuid
 from array import array
@@ -15,6 +16,10 @@ from polar_mitm.reply_parser import ReplyParser, finish_reason
 from polar_mitm.routes import Route
 from polar_mitm.sessions import Session
 from polar_traj.records import CallRecord
+
+# A call refused before it reached the engine keeps at most this much of its body in its record (with the
+# body's length and sha256): a session must not turn refused calls into tens of MiB of capture.
+REFUSED_BODY_KEEP = 64 * 2**10
 
 
 @dataclass
@@ -33,6 +38,8 @@ class Call:
     flags: list[str] = field(default_factory=list)  # e.g. "template_dropped_tools", "truncated"
     recorded: bool = False
     engine: str | None = None  # the replica's URL (polar_mitm/replicas.py)
+    raw_body: bytes = b""  # the body as received, kept only until the call is sent (for a refused call's record)
+    large: bool = False  # its parsing, prompt and record are worked off the event loop (dispatch.OFF_LOOP_BYTES)
 
 
 def new_call_id() -> str:
@@ -85,5 +92,16 @@ def make_record(call: Call, response: dict[str, Any] | None, error: str | None =
         output_ids=tuple(out.output_ids), output_logprobs=tuple(out.logprobs),
         finish_reason=out.finish_reason, prefix_source=call.prompt.source if call.prompt else "rendered:none",
         parent_call_id=call.prompt.parent_call_id if call.prompt else None,
-        request=call.request_body, response=response, error=error, flags=flags, engine=call.engine,
+        request=recorded_request(call), response=response, error=error, flags=flags, engine=call.engine,
     )
+
+
+def recorded_request(call: Call) -> dict[str, Any]:
+    """The request as the record keeps it: whole once the call was sent to the engine; for a call refused
+    before that, whole only when small, else a bounded head of the body with its length and digest."""
+    raw = call.raw_body
+    parsed = bool(call.request_body) or not raw  # a call refused by a quota was never parsed
+    if call.engine_request is not None or (parsed and len(raw) <= REFUSED_BODY_KEEP):
+        return call.request_body
+    return {"polar_refused_body": {"bytes": len(raw), "sha256": hashlib.sha256(raw).hexdigest(),
+                                   "head": raw[:REFUSED_BODY_KEEP].decode("utf-8", "replace")}}

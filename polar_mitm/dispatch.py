@@ -3,9 +3,11 @@ its replica (placement, and a retry on another replica when one fails before ans
 request, the non-streamed answer, and the one record every call ends in."""
 from __future__ import annotations
 
+import asyncio
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Awaitable, Callable, TypeVar
+from typing import Any, Awaitable, Callable, TypeVar
 
 from mitmproxy import http
 
@@ -24,6 +26,11 @@ from polar_mitm.session_cache import SessionCache
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+# A call with a body this large is parsed, rendered, tokenized and recorded on a small thread pool, not on the
+# event loop that serves every other session's calls (the tokenizer and file writes release the GIL; a JSON
+# parse of many small objects does not, and stays the one cost a large body puts on the loop).
+OFF_LOOP_BYTES = 1 * 2**20
+OFF_LOOP_THREADS = 2
 
 
 @dataclass(frozen=True)
@@ -36,6 +43,19 @@ class CallOptions:
     tokenizer: str = ""  # the model directory, named in warnings (polar_tokenizer)
 
 
+def check_fits(model: Model, conv) -> None:
+    """Refuse, before any tokenizing, a conversation whose text alone needs more tokens than the context:
+    no token holds more than `model.max_token_bytes` characters, so that many characters is at least one token
+    each (a session's 30 MiB prompt costs no tokenizer time)."""
+    if not model.max_token_bytes:
+        return
+    chars = sum(len(m.content) for m in conv.messages)
+    floor = chars // model.max_token_bytes
+    if floor > model.context_length:
+        raise ProviderError(400, f"prompt is at least {floor} tokens ({chars} characters); the model's context is "
+                                 f"{model.context_length} tokens", "context_length_exceeded")
+
+
 class Dispatcher:
     def __init__(self, capture: Capture, engines: Engines,
                  histories: SessionCache[tuple[str, str], SessionHistory]) -> None:
@@ -43,6 +63,16 @@ class Dispatcher:
         self.options = CallOptions()
         self.model: Model | None = None
         self._warned: set[tuple[str, str]] = set()
+        self._pool = ThreadPoolExecutor(OFF_LOOP_THREADS, thread_name_prefix="polar-large-call")
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    async def work(self, call: calls.Call, fn: Callable[..., T], *args: Any) -> T:
+        """`fn(*args)` here for a small call; on the pool for a large one, so the loop serves the others."""
+        if not call.large:
+            return fn(*args)
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
     def sessions_per_engine(self) -> dict[str, int]:
         counts: dict[str, int] = {}
@@ -85,15 +115,18 @@ class Dispatcher:
         """Prompt ids (with history substitution) and the engine request."""
         model, options = self.model, self.options
         key = (call.session.task_id, call.session.session_id)
-        call.prompt = self.histories.get(key).build_prompt(call.conv, model.renderer)
-        room = model.context_length - len(call.prompt.ids)
-        if room <= 0:
-            raise ProviderError(400, f"prompt is {len(call.prompt.ids)} tokens; the model's context is "
+        check_fits(model, call.conv)
+        prompt = self.histories.get(key).build_prompt(call.conv, model.renderer)
+        room = model.context_length - len(prompt.ids)
+        if room <= 0:  # the record keeps no prompt ids: nothing was sampled from them
+            raise ProviderError(400, f"prompt is {len(prompt.ids)} tokens; the model's context is "
                                      f"{model.context_length} tokens", "context_length_exceeded")
+        call.prompt = prompt
         sampling, overridden = apply_fixed(call.conv.sampling, call.session.sampling)
         max_new = min(sampling.max_tokens or options.max_tokens, room)
         call.engine_request = engine_request(options.engine, call.prompt.ids, sampling, max_new,
                                              call.conv.stream, options.engine_model)
+        call.raw_body = b""  # sent: the record keeps the parsed request
         call.detok, call.parser = model.new_decoder(call.call_id)
         dropped = model.dropped_by_template(call.conv)
         call.flags.extend(dropped)
@@ -127,13 +160,29 @@ class Dispatcher:
         calls.finish_events(call)
         completion = calls.completion_of(call, self.model.stop_ids)
         body = CODECS[call.route.api].render_response(completion)
-        self.finish(call, completion, body, None)
+        await self.settle(call, completion, body, None)
         return json_response(200, body)
 
     def finish(self, call: calls.Call, completion, body: dict | None, error: str | None) -> None:
         """Record the call, then (only once it is on disk) remember it in the session history, before the reply
         goes out, so the harness's next request can already extend it. Raises CaptureError."""
         if self.record(call, calls.make_record(call, body, error=error, flags=self._flags(call))) and error is None:
+            self._remember(call, completion)
+
+    async def settle(self, call: calls.Call, completion, body: dict | None, error: str | None) -> None:
+        """`finish`, with a large call's record encoded and written on the pool. Raises CaptureError."""
+        if not call.large:
+            return self.finish(call, completion, body, error)
+        if call.recorded:
+            return
+        record = calls.make_record(call, body, error=error, flags=self._flags(call))
+        call.recorded = True  # the claim (see `record`); kept if this await is cancelled, the write goes on
+        try:
+            await asyncio.get_running_loop().run_in_executor(self._pool, self.capture.write, record)
+        except Exception:  # nothing on disk (a cancellation is not an Exception: the claim stands)
+            call.recorded = False
+            raise
+        if error is None:
             self._remember(call, completion)
 
     @staticmethod

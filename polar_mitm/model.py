@@ -28,6 +28,7 @@ class Model:
     reasoning_parser: str | None
     starts_in_reasoning: bool  # the generation prompt already opens <think> (Qwen3-style thinking templates)
     template_drops: frozenset[str] = frozenset()  # of "tools", "tool_calls", "tool_results": what it never renders
+    max_token_bytes: int = 0  # the longest vocabulary entry, in UTF-8 bytes (0: unknown)
 
     def dropped_by_template(self, conv: Conversation) -> list[str]:
         """Flags for what this conversation holds that the chat template silently leaves out."""
@@ -82,7 +83,17 @@ def load_model(spec: str, tool_parser: str, reasoning_parser: str, context_lengt
         reasoning_parser=reasoning,
         starts_in_reasoning=bool(reasoning) and opened,
         template_drops=template_drops(renderer),
+        max_token_bytes=longest_token(tokenizer),
     )
+
+
+def longest_token(tokenizer: Any) -> int:
+    """An upper bound of the characters one token stands for: its vocabulary entry's UTF-8 length (a byte-level
+    entry spends at most two bytes per byte it stands for, a sentencepiece one three for its space mark)."""
+    try:
+        return max((len(t.encode("utf-8", "surrogatepass")) for t in tokenizer.get_vocab()), default=0)
+    except Exception:  # a tokenizer without a vocabulary listing: no early length check
+        return 0
 
 
 def template_drops(renderer: ChatRenderer) -> frozenset[str]:

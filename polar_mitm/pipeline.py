@@ -21,6 +21,7 @@ from polar_mitm.egress import Egress, _Refused
 from polar_mitm.fence import Fence
 from polar_mitm.guard import Guard
 from polar_mitm.provider_responses import error_response, family_api
+from polar_mitm.quotas import SessionQuotas
 from polar_mitm.router import Router
 from polar_mitm.routes import family_of
 from polar_mitm.sessions import redis_url_of
@@ -31,9 +32,9 @@ log = logging.getLogger(__name__)
 class Polar:
     def __init__(self) -> None:
         self.capture, self.fence = Capture(), Fence()
-        self.egress, self.guard, self.auth = Egress(), Guard(), SessionAuth()
-        self.router = Router(self.capture, self.fence)
-        self.stages = (self.egress, self.guard, self.auth, self.router, self.capture)
+        self.egress, self.guard, self.auth, self.quotas = Egress(), Guard(), SessionAuth(), SessionQuotas()
+        self.router = Router(self.capture, self.fence, self.quotas)
+        self.stages = (self.egress, self.guard, self.auth, self.quotas, self.router, self.capture)
 
     # -- lifecycle: errors here must stop the proxy, so they are not caught ---------------------------------
     def load(self, loader) -> None:
@@ -92,11 +93,13 @@ class Polar:
 
     def response(self, flow: http.HTTPFlow) -> None:
         self.fence.leave(flow.id)
+        self.quotas.release(flow)
         if flow.metadata.get("polar_failed"):
             flow.response = error_response(self._api(flow), 500, "polar: internal error (see the proxy log)", "api_error")
 
     def error(self, flow: http.HTTPFlow) -> None:
         self.fence.leave(flow.id)
+        self.quotas.release(flow)
         try:
             self.router.error(flow)
         except Exception:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+import time
 
 import aiohttp
 from aiohttp import web
@@ -25,13 +26,16 @@ log = logging.getLogger(__name__)
 SECRET_HEADER = "x-polar-relay"
 SSE_HEADERS = {"content-type": "text/event-stream", "cache-control": "no-cache"}
 KEEP_HEADERS = ("content-type", "cache-control", "transfer-encoding", "content-length")
+# mitmproxy connects to the relay within milliseconds of routing a call; a call still waiting this long has
+# lost its client in a way no hook reported, and must not keep its body in memory.
+PENDING_TTL_S = 60.0
 
 
 class StreamRelay:
     def __init__(self, dispatch: Dispatcher) -> None:
         self.dispatch = dispatch
         self.secret = secrets.token_urlsafe(24)
-        self.pending: dict[str, Call] = {}
+        self.pending: dict[str, tuple[Call, float]] = {}  # call id -> (call, routed at, monotonic), oldest first
         self.address: tuple[str, int] | None = None
         self._runner: web.AppRunner | None = None
 
@@ -52,7 +56,8 @@ class StreamRelay:
     def route(self, flow: http.HTTPFlow, call: Call) -> None:
         """Point the flow at the relay; nothing of the harness's request goes with it."""
         host, port = self.address
-        self.pending[call.call_id] = call
+        self._expire(time.monotonic())
+        self.pending[call.call_id] = (call, time.monotonic())
         flow.request.scheme, flow.request.host, flow.request.port = "http", host, port
         flow.request.method, flow.request.path = "POST", f"/polar/stream/{call.call_id}"
         flow.request.headers.clear()
@@ -60,6 +65,23 @@ class StreamRelay:
         flow.request.headers[SECRET_HEADER] = self.secret
         flow.request.content = b""
         flow.metadata["polar_relay"] = True
+
+    def drop(self, call_id: str) -> None:
+        """The call's flow ended (its client left, or mitmproxy gave up) before the relay picked it up."""
+        self.pending.pop(call_id, None)
+
+    def _expire(self, now: float) -> None:
+        while self.pending:
+            call_id, (call, routed_at) = next(iter(self.pending.items()))
+            if routed_at > now - PENDING_TTL_S:
+                return
+            del self.pending[call_id]
+            log.warning("polar: call %s: the stream relay never received it; dropped", call_id)
+            call.flags.append("truncated")
+            try:
+                self.dispatch.finish(call, None, None, "the stream relay never received the call")
+            except CaptureError:
+                pass  # logged by Capture
 
     def pass_through(self, flow: http.HTTPFlow) -> None:
         """Stream the relay's answer as it comes, with only the headers a provider would send."""
@@ -69,8 +91,10 @@ class StreamRelay:
         flow.response.stream = True
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
-        call = self.pending.pop(request.match_info["call_id"], None)
-        if request.headers.get(SECRET_HEADER) != self.secret or call is None:
+        if not secrets.compare_digest(request.headers.get(SECRET_HEADER, ""), self.secret):
+            return web.Response(status=404)  # before anything is popped: a guess cannot drop another's call
+        call, _ = self.pending.pop(request.match_info["call_id"], (None, 0.0))
+        if call is None:
             return web.Response(status=404)
         try:
             return await self._serve(call, request)
@@ -102,7 +126,7 @@ class StreamRelay:
     async def _relay(self, call: Call, replica: Replica, upstream: aiohttp.ClientResponse,
                      request: web.Request) -> web.StreamResponse:
         dispatch = self.dispatch
-        translator = StreamTranslator(dispatch.options.engine, call, dispatch.model, dispatch.finish)
+        translator = StreamTranslator(dispatch.options.engine, call, dispatch.model, dispatch.settle)
         response = web.StreamResponse(status=200, headers=SSE_HEADERS)
         await response.prepare(request)
         try:
@@ -121,7 +145,7 @@ class StreamRelay:
             except Exception as e:  # a translation bug: end the stream with the error, record it
                 log.exception("polar: call %s: translating the stream failed", call.call_id)
                 translator.error = f"internal error in the stream translator ({type(e).__name__})"
-            await response.write(translator.end())
+            await response.write(await translator.end())
             await response.write_eof()
         except ConnectionResetError:
             self._client_gone(call)

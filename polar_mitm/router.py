@@ -20,7 +20,7 @@ from mitmproxy.exceptions import OptionsError
 from polar_mitm import call as calls
 from polar_mitm.capture import Capture, CaptureError
 from polar_mitm.conversation import Conversation, ProviderError
-from polar_mitm.dispatch import Dispatcher
+from polar_mitm.dispatch import OFF_LOOP_BYTES, Dispatcher
 from polar_mitm.engine_api import parse_engine
 from polar_mitm.engine_client import Timeouts
 from polar_mitm.engines import parse_backends, parse_placement
@@ -29,6 +29,7 @@ from polar_mitm.model import load_model
 from polar_mitm.prompt import SessionHistory
 from polar_mitm.provider_responses import error_response, json_response
 from polar_mitm.providers import CODECS
+from polar_mitm.quotas import SessionQuotas
 from polar_mitm.relay import StreamRelay
 from polar_mitm.replicas import Engines
 from polar_mitm.session_cache import SessionCache
@@ -68,8 +69,8 @@ def check_call_cap(session, number: int) -> None:
 
 
 class Router:
-    def __init__(self, capture: Capture, fence: Fence) -> None:
-        self.fence = fence
+    def __init__(self, capture: Capture, fence: Fence, quotas: SessionQuotas) -> None:
+        self.fence, self.quotas = fence, quotas
         self.engines = Engines()
         self.histories: SessionCache[tuple[str, str], SessionHistory] = SessionCache(SessionHistory)
         self.dispatch = Dispatcher(capture, self.engines, self.histories)
@@ -152,6 +153,7 @@ class Router:
     async def done(self) -> None:
         await self.relay.stop()
         await self.engines.stop()
+        self.dispatch.close()
 
     # -- request: parse, tokenize, then answer (non-streamed) or hand to the relay (streamed) ----------------
     async def request(self, flow: http.HTTPFlow) -> None:
@@ -165,15 +167,18 @@ class Router:
                           time.time())
         flow.metadata["polar_call"] = call  # from here on, a failure anywhere is recorded against this call
         try:
-            body = self._json_body(flow, call)
-            call.conv = CODECS[route.api].parse_request(body, flow.request.path)
+            call.raw_body = b"" if flow.request.method == "GET" else flow.request.get_content() or b""
+            self.quotas.admit(flow, (session.task_id, session.session_id), len(call.raw_body))
+            call.large = len(call.raw_body) >= OFF_LOOP_BYTES
+            work = self.dispatch.work
+            await work(call, self._parse, call, flow.request.path, flow.request.method == "GET")
             if route.kind != "generate":
-                flow.response = self._side_answer(route, call.conv)
+                flow.response = await work(call, self._side_answer, route, call.conv)
                 return
             check_call_cap(session, flow.metadata.get("polar_call_number", 0))
             await self.fence.hold(flow.id)
             await self.dispatch.place(call)
-            self.dispatch.build(call)
+            await work(call, self.dispatch.build, call)
             if call.conv.stream:
                 self.relay.route(flow, call)
             else:
@@ -183,20 +188,21 @@ class Router:
         except CaptureError as e:
             flow.response = error_response(route.api, 500, f"polar: {e}")
 
-    def _json_body(self, flow: http.HTTPFlow, call: calls.Call) -> dict[str, Any]:
+    def _parse(self, call: calls.Call, path: str, get: bool) -> None:
         """The body as received goes into the record; the conversation is parsed from a copy whose lone
         surrogates (a JSON escape of broken UTF-16) became U+FFFD, which the tokenizer can take."""
-        if flow.request.method == "GET":
-            return {}
-        try:
-            raw = flow.request.get_content() or b""
-            body = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError, ValueError) as e:
-            raise ProviderError(400, f"request body is not valid JSON: {e}") from e
+        raw = call.raw_body
+        body: Any = {}
+        if not get:
+            try:
+                body = json.loads(raw)
+            except (json.JSONDecodeError, UnicodeDecodeError, ValueError) as e:
+                raise ProviderError(400, f"request body is not valid JSON: {e}") from e
         if not isinstance(body, dict):
             raise ProviderError(400, "request body must be a JSON object")
         call.request_body = body
-        return scrub_surrogates(body) if _SURROGATE_ESCAPE.search(raw) else body
+        parsed = scrub_surrogates(body) if _SURROGATE_ESCAPE.search(raw) else body
+        call.conv = CODECS[call.route.api].parse_request(parsed, path)
 
     def _side_answer(self, route, conv: Conversation) -> http.Response:
         """Token counting, answered with the real prompt length."""
@@ -217,6 +223,8 @@ class Router:
 
     def error(self, flow: http.HTTPFlow) -> None:
         call: calls.Call | None = flow.metadata.get("polar_call")
+        if call is not None:
+            self.relay.drop(call.call_id)
         if call is not None and not call.recorded and call.route.kind == "generate":
             why = "client disconnected" if "client" in str(flow.error).lower() else f"relay connection failed: {flow.error}"
             try:

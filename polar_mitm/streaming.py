@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import logging
-from typing import Callable
+from typing import Awaitable, Callable
 
 from polar_mitm.call import Call, completion_of, feed_ids, finish_events
 from polar_mitm.capture import CaptureError
@@ -16,12 +16,12 @@ log = logging.getLogger(__name__)
 class StreamTranslator:
     """Engine stream bytes in, provider SSE bytes out: `feed(chunk)` per read, then `end()` once.
 
-    `end()` writes the record and updates the session history (through `finish`) before the last bytes go
+    `end()` writes the record and updates the session history (through `settle`) before the last bytes go
     out, so the harness's next request always finds this call. A stream that fails ends with the provider's
     error event, and its record keeps the tokens received so far, flagged `truncated`."""
 
-    def __init__(self, engine: str, call: Call, model, finish: Callable) -> None:
-        self.engine, self.call, self.model, self.finish = engine, call, model, finish
+    def __init__(self, engine: str, call: Call, model, settle: Callable[..., Awaitable[None]]) -> None:
+        self.engine, self.call, self.model, self.settle = engine, call, model, settle
         codec = CODECS[call.route.api]
         self.encoder = codec.StreamEncoder(call.call_id, call.conv.model, prompt_tokens=len(call.prompt.ids),
                                           **codec.encoder_options(call.request_body))
@@ -45,7 +45,7 @@ class StreamTranslator:
             self.error = f"engine stream failed: {e}"
         return b"".join(out)
 
-    def end(self) -> bytes:
+    async def end(self) -> bytes:
         out: list[bytes] = []
         try:
             out = [self.encoder.feed(e) for e in finish_events(self.call)]
@@ -55,22 +55,22 @@ class StreamTranslator:
                 self.call.flags.append("truncated")
             completion = completion_of(self.call, self.model.stop_ids)
             body = CODECS[self.call.route.api].render_response(completion)
-            self.finish(self.call, completion, body, self.error)
+            await self.settle(self.call, completion, body, self.error)
         except Exception as e:  # a parser, encoder or capture failure still ends in a record and an error event
             if not isinstance(e, CaptureError):
                 log.exception("polar: call %s: finishing the reply failed", self.call.call_id)
             self.error = str(e) if isinstance(e, CaptureError) else f"internal error finishing the reply ({type(e).__name__})"
-            self._record_error()
+            await self._record_error()
             return b"".join(out) + self.error_event(self.error)
         if self.error:
             return b"".join(out) + self.error_event(self.error)
         return b"".join(out) + self.encoder.finish(completion)
 
-    def _record_error(self) -> None:
+    async def _record_error(self) -> None:
         if self.call.recorded:
             return
         try:
-            self.finish(self.call, None, None, self.error)
+            await self.settle(self.call, None, None, self.error)
         except Exception:
             log.exception("polar: call %s: the error record could not be written either", self.call.call_id)
 

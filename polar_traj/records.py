@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -60,11 +60,12 @@ class CallRecord:
         """One JSON line. Text that is not valid Unicode (a lone surrogate from a broken tool output, sent as
         a JSON escape) is kept as a `\\udXXX` escape: the line stays valid UTF-8 and `json.loads` returns
         the same strings."""
-        line = json.dumps(asdict(self), separators=(",", ":"), ensure_ascii=False)
+        data = {f.name: getattr(self, f.name) for f in fields(self)}  # no deep copy: the fields are plain values
+        line = json.dumps(data, separators=(",", ":"), ensure_ascii=False)
         try:
             line.encode("utf-8")
         except UnicodeEncodeError:
-            line = json.dumps(asdict(self), separators=(",", ":"), ensure_ascii=True)
+            line = json.dumps(data, separators=(",", ":"), ensure_ascii=True)
         return line
 
     @classmethod
