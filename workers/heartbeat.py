@@ -38,7 +38,6 @@ class Heartbeat:
     handed_over: bool = False
     connected_since: float | None = None
     thread: threading.Thread | None = None
-    previous_handler: Any = signal.SIG_DFL  # Celery's own SIGTERM handler
 
     @property
     def node(self) -> str:
@@ -111,13 +110,14 @@ class Heartbeat:
 
     def on_sigterm(self, previous: Any) -> Callable[[int, Any], None]:
         """A SIGTERM handler: the first drains, then shuts down as Celery does; a second shuts down at once."""
-        self.previous_handler = previous
-
         def handler(signum: int, frame: Any) -> None:
-            if self.terminating:
-                return self.shutdown()
-            self.terminating = True
-            threading.Thread(target=self.request_drain, daemon=True).start()  # no Redis I/O in a signal handler
+            if not self.terminating:
+                self.terminating = True
+                threading.Thread(target=self.request_drain, daemon=True).start()  # no Redis I/O in a handler
+            elif callable(previous):  # drained (the heartbeat signals us), or asked twice
+                previous(signum, frame)
+            else:
+                raise SystemExit(0)
 
         return handler
 
@@ -126,14 +126,16 @@ class Heartbeat:
             liveness.drain(self.r, self.node, self.settings.drain_s)
 
     def shutdown(self) -> None:
-        """Hand SIGTERM back to Celery's warm shutdown."""
-        signal.signal(signal.SIGTERM, self.previous_handler)
-        os.kill(os.getpid(), signal.SIGTERM)
+        """Drained after a SIGTERM: signal ourselves again, which the handler passes on to Celery's warm shutdown
+        (only the main thread may handle signals)."""
+        if not self.stopped.is_set():
+            self.stopped.set()
+            os.kill(os.getpid(), signal.SIGTERM)
 
     def stop(self) -> None:
         """The worker is shutting down: hand over whatever is still held, then leave (no liveness wait)."""
         self.stopped.set()
-        if self.thread is not None:
+        if self.thread is not None and self.thread is not threading.current_thread():
             self.thread.join(10)
         try:
             steps.hand_over(self.r, self.enqueue, self.node, "shut down")
