@@ -2,6 +2,7 @@
 into `lost`, a lost node's samples are claimed exactly once, a stale stage's writes are refused."""
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -103,3 +104,29 @@ def test_drain_flag(r):
     assert liveness.drain_deadline(r, "n2") == pytest.approx(time.time() + 60, abs=2)
     liveness.undrain(r, "n2")
     assert liveness.drain_deadline(r, "n2") is None
+
+
+def test_a_sample_lost_too_often_is_masked_with_its_reason(r, tmp_path):
+    """Lost more than POLAR_INFRA_RETRIES times: masked (weight 0, the reason), not given a zero reward."""
+    from workers.manifest import plan, read_manifest, result_path, write_manifest
+    from workers.sample_flow import NodeContext
+    from workers.settings import load_settings
+
+    tasks = tmp_path / "tasks.yaml"
+    tasks.write_text("tasks: []\n")
+    manifest = plan("b9", tmp_path / "b9", tasks, ["t"], 1)
+    path = str(write_manifest(manifest))
+    [sid] = [s.sample_id for s in manifest.samples]
+    batches.create(r, "b9", path, [sid], 1, 1, None)
+    batches.update_sample(r, "b9", sid, stage="queued", task="t-4", reassigned=3, reassigned_from=["n1", "n2", "n1"],
+                          lost_from="n1", lost_reason="lost (no heartbeat)")
+    sent = []
+    settings = load_settings({"POLAR_NODE": "n3", "POLAR_INFRA_RETRIES": "2"})
+    step = steps.Step(path, sid, NodeContext(settings, None), r, "t-4", lambda name, args, **kw: sent.append(name))
+    steps.prepare(step)
+    state = batches.sample_state(r, "b9", sid)
+    assert (state["stage"], state["status"], state["failure"]) == ("masked", "error", "infrastructure")
+    result = json.loads(result_path(read_manifest(path), sid).read_text())
+    assert result["reward"] is None and result["weight"] == 0.0 and result["reassigned_from"] == ["n1", "n2", "n1"]
+    assert "lost 3 times" in result["reason"] and "POLAR_INFRA_RETRIES is 2" in result["reason"]
+    assert sent == [steps.GROUP]  # its group still completes
