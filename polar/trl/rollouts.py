@@ -1,0 +1,159 @@
+"""Polar as a trainer's rollout source: submit groups to the rollout service (PolarClient), wait, and turn the
+finished groups' Parquet rows into what a GRPO step consumes: prompt and response ids, the loss mask as the
+completion mask, the recorded behaviour logprobs as old logprobs, rewards, advantages and policy versions.
+
+    rollouts = PolarRollouts(client, tasks, RolloutConfig(group_size=4, out=Path("runs/trl")))
+    step = rollouts.collect(["vowels-0", "vowels-1"])       # blocks until both groups are final
+    step.rows[0].response_ids, step.rows[0].old_logprobs, step.rows[0].advantage
+
+`PolarRollouts.trl_rollout_func()` is the same, shaped for `trl.GRPOTrainer(rollout_func=…)`."""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    group_size: int
+    out: Path  # the batches' root (storage every node sees)
+    sampling: dict[str, Any] = field(default_factory=lambda: {"temperature": 1.0, "max_tokens": 16})
+    max_staleness: int | None = None
+    timeout_s: float = 600.0
+
+
+@dataclass(frozen=True)
+class Row:
+    """One trajectory as a trainer sees it (response side: ids, mask and logprobs of equal length)."""
+    trajectory_id: str
+    task_id: str
+    group_id: str
+    prompt_ids: list[int]
+    response_ids: list[int]
+    loss_mask: list[int]  # 1 = sampled by the policy (trained), 0 = tool results and template between calls
+    old_logprobs: list[float]  # the behaviour policy's, as the engine recorded them; 0.0 where the mask is 0
+    reward: float | None
+    advantage: float | None
+    weight: float  # 0: masked by Polar (infrastructure failure), never trained on
+    policy_version_min: int | None
+    policy_version_max: int | None
+    stale: bool
+
+
+@dataclass(frozen=True)
+class StepRollouts:
+    batch_id: str
+    rows: list[Row]  # grouped: each group's rows together, groups in the order asked for
+    wait_s: float  # submit to the last group final
+
+    @property
+    def usable(self) -> list[Row]:
+        return [r for r in self.rows if r.weight > 0]
+
+    def reward_mean(self) -> float:
+        rewards = [r.reward for r in self.usable if r.reward is not None]
+        return sum(rewards) / len(rewards) if rewards else float("nan")
+
+    def versions(self) -> set[int]:
+        return {v for r in self.usable for v in (r.policy_version_min, r.policy_version_max) if v is not None}
+
+
+def _version(value: Any) -> int | None:
+    return None if value is None or value != value else int(value)  # NaN: a row without calls
+
+
+def row_from_record(rec: dict[str, Any]) -> Row:
+    """A trajectory-table row (DESIGN.md §4) as a Row."""
+    meta = json.loads(rec.get("metadata") or "{}")
+    reward, advantage = rec.get("reward"), rec.get("advantage")
+    return Row(str(rec["trajectory_id"]), str(rec["task_id"]), str(rec["group_id"]), [int(t) for t in rec["prompt_ids"]],
+               [int(t) for t in rec["response_ids"]], [int(m) for m in rec["loss_mask"]],
+               [float(x) for x in rec["logprobs"]],
+               None if reward is None or reward != reward else float(reward),
+               None if advantage is None or advantage != advantage else float(advantage),
+               float(rec["weight"]), _version(rec.get("policy_version_min")),
+               _version(rec.get("policy_version_max")), bool(meta.get("stale", False)))
+
+
+class PolarRollouts:
+    """Submits one batch per training step: the given tasks, `group_size` samples each."""
+
+    def __init__(self, client: Any, tasks: list[dict[str, Any]], config: RolloutConfig) -> None:
+        self.client, self.config = client, config
+        self.tasks = {t["task_id"]: t for t in tasks}
+        self.submitted = 0  # batches so far (names their task files)
+
+    def _tasks_file(self, task_ids: list[str]) -> Path:
+        path = self.config.out / "tasks" / f"step-{self.submitted:05d}.yaml"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(yaml.safe_dump({"tasks": [self.tasks[t] for t in task_ids]}, sort_keys=False))
+        return path
+
+    def collect(self, task_ids: list[str]) -> StepRollouts:
+        """Run one group per task id and return every row once, grouped in that order; KeyError for an unknown
+        task, TimeoutError when the batch does not finish in `timeout_s`."""
+        t0 = time.monotonic()
+        batch = self.client.submit(self._tasks_file(task_ids), group_size=self.config.group_size,
+                                   out=self.config.out, max_staleness=self.config.max_staleness,
+                                   sampling=self.config.sampling)
+        self.submitted += 1
+        batch.wait(timeout=self.config.timeout_s, poll_s=0.2)
+        records = batch.trajectories().to_dict("records")
+        by_task: dict[str, list[Row]] = {}
+        for rec in records:
+            row = row_from_record(rec)
+            by_task.setdefault(row.task_id, []).append(row)
+        rows = [r for t in task_ids for r in sorted(by_task.get(t, []), key=lambda r: r.trajectory_id)]
+        return StepRollouts(batch.batch_id, rows, time.monotonic() - t0)
+
+    def trl_rollout_func(self, on_rollouts: Callable[[StepRollouts, Any], None] | None = None
+                         ) -> Callable[[list[Any], Any], dict[str, list]]:
+        """A `rollout_func(prompts, trainer)` for trl.GRPOTrainer: its prompts are task ids, each repeated
+        num_generations times in a row (TRL's sampler). Returns one completion per prompt, in order: the
+        response ids, `env_mask` = the loss mask, the recorded logprobs, and Polar's reward and advantage as
+        extra fields (for a reward function). A masked row (weight 0) keeps its place with an all-zero env_mask
+        and reward None, which TRL leaves out of the group baseline and gives advantage 0. `on_rollouts(step,
+        trainer)` sees each step's rollouts first (fidelity checks, progress)."""
+        def rollout_func(prompts: list[Any], trainer: Any) -> dict[str, list]:
+            g = self.config.group_size
+            task_ids = [str(p) for p in prompts[::g]]
+            if [str(p) for p in prompts] != [t for t in task_ids for _ in range(g)]:
+                raise ValueError(f"expected each prompt {g} times in a row (num_generations = group_size)")
+            step = self.collect(task_ids)
+            if on_rollouts is not None:
+                on_rollouts(step, trainer)
+            return trl_fields(step, task_ids, g)
+
+        return rollout_func
+
+
+def trl_fields(step: StepRollouts, task_ids: list[str], group_size: int) -> dict[str, list]:
+    """The rows laid out as GRPOTrainer's rollout_func output; ValueError when a group is not `group_size`
+    rows (a sample whose calls did not merge into one trajectory: GRPOTrainer wants one completion each)."""
+    out: dict[str, list] = {k: [] for k in ("prompt_ids", "completion_ids", "logprobs", "env_mask",
+                                            "polar_reward", "polar_advantage", "policy_version")}
+    for task_id in task_ids:
+        rows = [r for r in step.rows if r.task_id == task_id]
+        if len(rows) != group_size:
+            raise ValueError(f"batch {step.batch_id}: group {task_id} has {len(rows)} trajectories, "
+                             f"expected {group_size}")
+        for r in rows:
+            usable = r.weight > 0 and r.response_ids
+            out["prompt_ids"].append(r.prompt_ids)
+            out["completion_ids"].append(r.response_ids or [0])
+            out["logprobs"].append(r.old_logprobs or [0.0])
+            out["env_mask"].append(r.loss_mask if usable else [0] * max(1, len(r.response_ids)))
+            out["polar_reward"].append(r.reward if usable else None)
+            out["polar_advantage"].append(r.advantage)
+            out["policy_version"].append(r.policy_version_max)
+    return out
+
+
+def polar_reward(completions: list[Any], polar_reward: list[float | None], **_: Any) -> list[float | None]:
+    """GRPOTrainer reward function: the reward Polar's evaluator gave each sample (None: masked)."""
+    return list(polar_reward)
