@@ -15,6 +15,7 @@ import os
 import statistics
 import sys
 import time
+import warnings
 from dataclasses import asdict
 from pathlib import Path
 
@@ -28,11 +29,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--groups", type=int, default=2, help="groups (tasks) per step")
     p.add_argument("--group-size", type=int, default=4)
-    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--lr", type=float, default=3e-2)
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--concurrency", type=int, default=2, help="the worker node's samples at once")
     p.add_argument("--out", type=Path, default=ROOT / "runs" / f"trl-grpo-{time.strftime('%Y%m%d-%H%M%S')}")
     args = p.parse_args(argv)
+    warnings.filterwarnings("ignore", category=FutureWarning)  # transformers 5 renames TRL still calls
 
     from polar.trl.grpo import TrainConfig, train
     from polar.trl.local import local_cluster

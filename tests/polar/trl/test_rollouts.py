@@ -1,0 +1,36 @@
+"""polar.trl.rollouts: trajectory rows to trainer rows and to GRPOTrainer's rollout_func layout."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from polar.trl.rollouts import StepRollouts, row_from_record, trl_fields
+
+
+def record(sample: str, task: str, reward, weight=1.0, versions=(0, 0)) -> dict:
+    return {"trajectory_id": f"{sample}/prefix_merge/c1", "task_id": task, "group_id": f"b.{task}",
+            "prompt_ids": [1, 2], "response_ids": [3, 4, 5], "loss_mask": [1, 0, 1],
+            "logprobs": [-0.5, 0.0, -0.25], "policy_version_min": versions[0], "policy_version_max": versions[1],
+            "reward": reward, "advantage": None if weight == 0 else 0.1, "weight": weight,
+            "metadata": json.dumps({"stale": versions[0] != versions[1]})}
+
+
+def test_row_from_record():
+    row = row_from_record(record("s0", "t", 0.5, versions=(1, 2)))
+    assert (row.task_id, row.loss_mask, row.old_logprobs, row.reward) == ("t", [1, 0, 1], [-0.5, 0.0, -0.25], 0.5)
+    assert (row.policy_version_min, row.policy_version_max, row.stale) == (1, 2, True)
+    assert row_from_record(record("s1", "t", float("nan"), weight=0)).reward is None
+
+
+def test_trl_fields_keep_masked_rows_in_place_untrained():
+    rows = [row_from_record(record(f"s{i}", t, 0.25 * i, weight=0 if i == 1 else 1))
+            for t in ("a", "b") for i in range(2)]
+    step = StepRollouts("b", rows, 1.0)
+    out = trl_fields(step, ["a", "b"], 2)
+    assert out["completion_ids"] == [[3, 4, 5]] * 4 and out["logprobs"][0] == [-0.5, 0.0, -0.25]
+    assert out["env_mask"] == [[1, 0, 1], [0, 0, 0], [1, 0, 1], [0, 0, 0]]  # loss mask; weight 0: nothing trained
+    assert out["polar_reward"] == [0.0, None, 0.0, None]  # None: TRL leaves it out of the baseline
+    assert step.reward_mean() == 0.0 and step.versions() == {0}
+    with pytest.raises(ValueError, match="group a has 2 trajectories, expected 3"):
+        trl_fields(step, ["a", "b"], 3)
