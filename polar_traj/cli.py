@@ -43,6 +43,10 @@ def register(subparsers: Any) -> None:
     export.add_argument("--format", required=True, choices=("slime", "verl", "sft"))
     export.add_argument("-o", "--output", required=True)
     export.add_argument("--pad-token-id", type=int, default=0, help="verl padding id")
+    export.add_argument("--min-reward", type=float,
+                        help="keep only rows with at least this reward (rejection sampling; masked rows never)")
+    export.add_argument("--status", action="append", choices=("completed", "timeout", "error"), default=[],
+                        help="keep only rows with this status (repeatable)")
     export.set_defaults(func=_guarded(cmd_export))
 
 
@@ -117,10 +121,14 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from .export import write_export
+    from .export import accepted, write_export
     from .parquet import read
 
-    result = write_export(read(args.file), args.format, args.output, pad_token_id=args.pad_token_id)
+    table = read(args.file)
+    kept = accepted(table, args.min_reward, tuple(args.status))
+    if args.min_reward is not None or args.status:
+        print(f"accepted {kept.num_rows}/{table.num_rows} trajectories")
+    result = write_export(kept, args.format, args.output, pad_token_id=args.pad_token_id)
     print(f"wrote {result.written} {args.format} records to {result.path}")
     if result.skipped:
         print(f"skipped {result.skipped} trajectories built without their conversation", file=sys.stderr)

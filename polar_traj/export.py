@@ -13,6 +13,8 @@ verl (.npz): prompts [B, P] left-padded, responses [B, R] right-padded, input_id
   and trajectory_id [B] as unicode arrays (np.load needs no pickle).
 sft (JSONL): {trajectory_id, task_id, session_id, api, messages, tools, reward, status}; rows built
   without their conversation are skipped and counted.
+accepted(table, min_reward, statuses) keeps only some rows first (rejection sampling: `--format sft
+  --min-reward 1` turns a batch into an SFT set of its successes).
 """
 from __future__ import annotations
 
@@ -36,6 +38,21 @@ class ExportResult:
     path: Path
     written: int
     skipped: int = 0
+
+
+def accepted(table: pa.Table, min_reward: float | None = None, statuses: tuple[str, ...] = ()) -> pa.Table:
+    """The rows whose reward is at least `min_reward` (a null reward never is) and whose status is one of
+    `statuses` (any when empty); masked rows (weight 0) are never accepted when filtering by reward."""
+    import pyarrow.compute as pc
+
+    keep: Any = None
+    if min_reward is not None:
+        keep = pc.and_(pc.fill_null(pc.greater_equal(table["reward"], min_reward), False),
+                       pc.greater(table["weight"], 0))
+    if statuses:
+        by_status = pc.is_in(table["status"], value_set=pa.array(list(statuses)))
+        keep = by_status if keep is None else pc.and_(keep, by_status)
+    return table if keep is None else table.filter(keep)
 
 
 def _rows(table: pa.Table) -> Iterator[dict[str, Any]]:

@@ -75,3 +75,20 @@ def test_sft_skips_rows_built_without_conversation(capture, write_records, chain
 def test_unknown_format(dataset, tmp_path):
     with pytest.raises(ValueError, match="format"):
         write_export(read(dataset), "megatron", tmp_path / "x")
+
+
+def test_accepted_rows_for_rejection_sampling(dataset, tmp_path, capsys):
+    from polar.cli import main
+    from polar_traj.export import accepted
+
+    table = read(dataset)
+    rows = table.to_pylist()
+    good = {r["session_id"] for r in rows if r["reward"] is not None and r["reward"] >= 1.0 and r["weight"] > 0}
+    assert {r["session_id"] for r in accepted(table, 1.0).to_pylist()} == good and good
+    assert {r["status"] for r in accepted(table, statuses=("error",)).to_pylist()} <= {"error"}
+    assert accepted(table).num_rows == table.num_rows
+    out = tmp_path / "sft.jsonl"
+    assert main(["traj", "export", str(dataset), "--format", "sft", "--min-reward", "1", "--status", "completed",
+                 "-o", str(out)]) == 0
+    assert f"accepted {len(good)}/{len(rows)} trajectories" in capsys.readouterr().out
+    assert all(json.loads(line)["reward"] >= 1.0 for line in out.read_text().splitlines())
