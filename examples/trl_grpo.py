@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 import warnings
@@ -36,29 +35,15 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     warnings.filterwarnings("ignore", category=FutureWarning)  # transformers 5 renames TRL still calls
 
-    from polar.trl.grpo import TrainConfig, train
-    from polar.trl.local import local_cluster
-    from polar.trl.task import write_tasks
-    from workers.client import PolarClient
-    import yaml
+    from polar.trl.grpo import TrainConfig, run_local, summarize, summary_line
 
-    model = ROOT / "fixtures" / "tiny-qwen2"
-    tasks = yaml.safe_load(write_tasks(args.out / "tasks.yaml", args.groups).read_text())["tasks"]
-    config = TrainConfig(model, args.steps, args.groups, args.group_size, args.lr, args.max_tokens)
+    config = TrainConfig(ROOT / "fixtures" / "tiny-qwen2", args.steps, args.groups, args.group_size, args.lr,
+                         args.max_tokens)
     t0 = time.monotonic()
-    with local_cluster(args.out / "services", model, args.concurrency) as c:
-        print(f"== services up in {time.monotonic() - t0:.0f}s: engine {c.engine}, out {args.out}", flush=True)
-        reports = train(PolarClient(c.broker, c.sessions), [c.engine], tasks, args.out, config,
-                        on_step=lambda r: print(r.line(), flush=True))
+    print(f"== {args.steps} steps x {args.groups} groups x {args.group_size} samples, out {args.out}", flush=True)
+    reports = run_local(args.out, config, args.concurrency, on_step=lambda r: print(r.line(), flush=True))
     (args.out / "steps.json").write_text(json.dumps([asdict(r) for r in reports], indent=1))
-    k = min(5, len(reports))
-    first = statistics.mean(r.reward_mean for r in reports[:k])
-    last = statistics.mean(r.reward_mean for r in reports[-k:])
-    print(f"== reward mean, first {k} steps {first:.3f} -> last {k} steps {last:.3f}; "
-          f"logprob err at step 0 {reports[0].logprob_err:.1e} (max over steps "
-          f"{max(r.logprob_err for r in reports):.1e}); per step: rollout "
-          f"{statistics.mean(r.wait_s for r in reports):.1f}s, train {statistics.mean(r.train_s for r in reports):.2f}s, "
-          f"weight sync {statistics.mean(r.sync_s for r in reports):.2f}s; wall {time.monotonic() - t0:.0f}s")
+    print(f"== {summary_line(summarize(reports))}; wall {time.monotonic() - t0:.0f}s")
     return 0
 
 

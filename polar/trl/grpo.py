@@ -100,7 +100,7 @@ class PolarLoop:
         assert self._step is not None, "a step ended without rollouts"
         step, t_train_end = self._step, time.monotonic()
         mean, top = ratio_stats(model, step)
-        self.sync.push(model)
+        self.rollouts.update_model_version(self.sync.push(model))
         version = engine_versions(self.sync.engines)
         wall = t_train_end - self._t_step
         report = StepReport(len(self.reports), step.batch_id, len(step.rows), step.reward_mean(), self._err, mean,
@@ -124,8 +124,12 @@ def train(client: Any, engines: list[str], tasks: list[dict[str, Any]], out: Pat
     g, n = config.group_size, config.groups_per_step
     rollouts = PolarRollouts(client, tasks, RolloutConfig(
         group_size=g, out=out / "batches", sampling={"temperature": 1.0, "max_tokens": config.max_tokens}))
-    sync = FenceWeightTransfer(client, engines, config.model, out / "weights")
+    served = engine_versions(engines)
+    if len(set(served)) != 1 or not served[0].isdigit():
+        raise ValueError(f"the engines must serve one numeric weight version to start from, got {served}")
+    sync = FenceWeightTransfer(client, engines, config.model, out / "weights", version=int(served[0]))
     sync.init_weight_transfer()
+    rollouts.update_model_version(sync.version)
     loop = PolarLoop(rollouts, sync, on_step)
     args = GRPOConfig(
         output_dir=str(out / "trainer"), per_device_train_batch_size=n * g, num_generations=g,
@@ -141,3 +145,45 @@ def train(client: Any, engines: list[str], tasks: list[dict[str, Any]], out: Pat
     trainer.remove_callback(PrinterCallback)  # its dict per step; StepReport.line() says what matters here
     trainer.train()
     return loop.reports
+
+
+def run_local(out: Path, config: TrainConfig, concurrency: int = 2,
+              on_step: Callable[[StepReport], None] | None = None) -> list[StepReport]:
+    """`train` on one machine: a private Redis, `polar serve` with config.model and one worker node, started
+    and stopped here; one vowel task per group (polar/trl/task.py)."""
+    import yaml
+
+    from polar.trl.local import local_cluster
+    from polar.trl.task import write_tasks
+    from workers.client import PolarClient
+
+    tasks = yaml.safe_load(write_tasks(out / "tasks.yaml", config.groups_per_step).read_text())["tasks"]
+    with local_cluster(out / "services", config.model, concurrency) as c:
+        return train(PolarClient(c.broker, c.sessions), [c.engine], tasks, out, config, on_step)
+
+
+def summarize(reports: list[StepReport], window: int = 5) -> dict[str, float]:
+    """Reward mean over the first and last `window` steps, fidelity, and where a step's time goes."""
+    k = min(window, len(reports))
+
+    def mean(values: list[float]) -> float:
+        return sum(values) / len(values) if values else math.nan
+
+    step_s = [r.wait_s + r.train_s + r.sync_s for r in reports]
+    return {"steps": len(reports), "window": k,
+            "reward_first": mean([r.reward_mean for r in reports[:k]]),
+            "reward_last": mean([r.reward_mean for r in reports[-k:]]),
+            "logprob_err_step0": reports[0].logprob_err if reports else math.nan,
+            "logprob_err_max": max((r.logprob_err for r in reports), default=math.nan),
+            "rollout_s": mean([r.wait_s for r in reports]), "train_s": mean([r.train_s for r in reports]),
+            "sync_s": mean([r.sync_s for r in reports]), "step_s": mean(step_s),
+            "wait_fraction": sum(r.wait_s for r in reports) / sum(step_s) if reports else math.nan,
+            "samples_per_s": sum(r.rows for r in reports) / sum(r.wait_s for r in reports) if reports else math.nan}
+
+
+def summary_line(s: dict[str, float]) -> str:
+    return (f"reward mean, first {s['window']} steps {s['reward_first']:.3f} -> last {s['window']} steps "
+            f"{s['reward_last']:.3f}; logprob err at step 0 {s['logprob_err_step0']:.1e} (max over steps "
+            f"{s['logprob_err_max']:.1e}); per step {s['step_s']:.1f}s: rollout {s['rollout_s']:.1f}s, train "
+            f"{s['train_s']:.2f}s, weight sync {s['sync_s']:.2f}s (trainer waiting {100 * s['wait_fraction']:.0f}% "
+            f"of the time); rollouts {s['samples_per_s']:.1f} samples/s")

@@ -22,7 +22,7 @@ def max_abs_error(model: Any, rows: list[Row]) -> float:
     """Largest |trainer - recorded| logprob over the trained (mask 1) tokens of the usable rows."""
     worst = 0.0
     for row in rows:
-        if row.weight <= 0 or not row.response_ids:
+        if not row.usable:
             continue
         mask = torch.tensor(row.loss_mask, dtype=torch.bool)
         diff = (recompute(model, row) - torch.tensor(row.old_logprobs))[mask]

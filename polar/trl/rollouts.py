@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -23,6 +23,8 @@ class RolloutConfig:
     group_size: int
     out: Path  # the batches' root (storage every node sees)
     sampling: dict[str, Any] = field(default_factory=lambda: {"temperature": 1.0, "max_tokens": 16})
+    # a row whose first call is more than this many versions behind the trainer's is not trained on (and
+    # Polar marks rows whose own calls span more than this many versions: metadata.stale); None: no limit
     max_staleness: int | None = None
     timeout_s: float = 600.0
 
@@ -42,7 +44,11 @@ class Row:
     weight: float  # 0: masked by Polar (infrastructure failure), never trained on
     policy_version_min: int | None
     policy_version_max: int | None
-    stale: bool
+    stale: bool  # Polar's mark (calls spanning more than max_staleness versions) or too old for the trainer
+
+    @property
+    def usable(self) -> bool:
+        return self.weight > 0 and not self.stale and bool(self.response_ids)
 
 
 @dataclass(frozen=True)
@@ -53,7 +59,7 @@ class StepRollouts:
 
     @property
     def usable(self) -> list[Row]:
-        return [r for r in self.rows if r.weight > 0]
+        return [r for r in self.rows if r.usable]
 
     def reward_mean(self) -> float:
         rewards = [r.reward for r in self.usable if r.reward is not None]
@@ -87,6 +93,15 @@ class PolarRollouts:
         self.client, self.config = client, config
         self.tasks = {t["task_id"]: t for t in tasks}
         self.submitted = 0  # batches so far (names their task files)
+        self.model_version = 0  # the trainer's policy version, for max_staleness
+
+    def update_model_version(self, model_version: int) -> None:
+        """The version the engines now serve (TRL's rollout-worker protocol has the same method)."""
+        self.model_version = model_version
+
+    def too_old(self, row: Row) -> bool:
+        limit, first = self.config.max_staleness, row.policy_version_min
+        return limit is not None and first is not None and self.model_version - first > limit
 
     def _tasks_file(self, task_ids: list[str]) -> Path:
         path = self.config.out / "tasks" / f"step-{self.submitted:05d}.yaml"
@@ -107,6 +122,8 @@ class PolarRollouts:
         by_task: dict[str, list[Row]] = {}
         for rec in records:
             row = row_from_record(rec)
+            if self.too_old(row):
+                row = replace(row, stale=True)
             by_task.setdefault(row.task_id, []).append(row)
         rows = [r for t in task_ids for r in sorted(by_task.get(t, []), key=lambda r: r.trajectory_id)]
         return StepRollouts(batch.batch_id, rows, time.monotonic() - t0)
@@ -116,7 +133,7 @@ class PolarRollouts:
         """A `rollout_func(prompts, trainer)` for trl.GRPOTrainer: its prompts are task ids, each repeated
         num_generations times in a row (TRL's sampler). Returns one completion per prompt, in order: the
         response ids, `env_mask` = the loss mask, the recorded logprobs, and Polar's reward and advantage as
-        extra fields (for a reward function). A masked row (weight 0) keeps its place with an all-zero env_mask
+        extra fields (for a reward function). A masked (weight 0) or stale row keeps its place with an all-zero env_mask
         and reward None, which TRL leaves out of the group baseline and gives advantage 0. `on_rollouts(step,
         trainer)` sees each step's rollouts first (fidelity checks, progress)."""
         def rollout_func(prompts: list[Any], trainer: Any) -> dict[str, list]:
@@ -143,7 +160,7 @@ def trl_fields(step: StepRollouts, task_ids: list[str], group_size: int) -> dict
             raise ValueError(f"batch {step.batch_id}: group {task_id} has {len(rows)} trajectories, "
                              f"expected {group_size}")
         for r in rows:
-            usable = r.weight > 0 and r.response_ids
+            usable = r.usable
             out["prompt_ids"].append(r.prompt_ids)
             out["completion_ids"].append(r.response_ids or [0])
             out["logprobs"].append(r.old_logprobs or [0.0])

@@ -34,3 +34,17 @@ def test_trl_fields_keep_masked_rows_in_place_untrained():
     assert step.reward_mean() == 0.0 and step.versions() == {0}
     with pytest.raises(ValueError, match="group a has 2 trajectories, expected 3"):
         trl_fields(step, ["a", "b"], 3)
+
+
+def test_rows_too_old_for_the_trainer_are_not_trained(tmp_path):
+    from polar.trl.rollouts import PolarRollouts, RolloutConfig
+
+    rollouts = PolarRollouts(None, [], RolloutConfig(group_size=2, out=tmp_path, max_staleness=1))
+    rollouts.update_model_version(3)
+    old, recent = (row_from_record(record("s0", "t", 0.5, versions=(1, 1))),
+                   row_from_record(record("s1", "t", 0.5, versions=(2, 2))))
+    assert rollouts.too_old(old) and not rollouts.too_old(recent)
+    from dataclasses import replace
+
+    out = trl_fields(StepRollouts("b", [replace(old, stale=True), recent], 1.0), ["t"], 2)
+    assert out["env_mask"] == [[0, 0, 0], [1, 0, 1]] and out["polar_reward"] == [None, 0.5]
