@@ -13,7 +13,7 @@ from polar.harness.adapters import WAYS_IN, AdapterError, available, load_adapte
 from polar.run.sample import SampleConfig, SampleResult, run_sample
 from polar.run.services import ROOT, ProxyHandle, ServiceError, running_proxy
 from polar.run.session import EngineConfig, RunConfig, run_session
-from polar.sandbox.runtime import RUNTIMES, SandboxError, resolve_runtime
+from polar.sandbox.runtime import RUNTIMES, SandboxError, names_oci_image, resolve_runtime
 from polar.tasks.spec import TaskError, load_tasks, select_task
 from polar_mitm.sampling import FIXABLE, add_sampling_args, sampling_from_args
 
@@ -27,7 +27,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                                      "(with --task: default the task's own)")
     p.add_argument("--instruction", help="the task given to the harness (not with --task)")
     p.add_argument("--task", type=Path, help="task file (YAML or JSONL, docs/tasks.md): run one scored sample")
-    p.add_argument("--image", help="with --task: use this image (SIF, sandbox directory or `host`) instead of the task's")
+    p.add_argument("--image", help="with --task: use this image (SIF, sandbox directory, OCI image or `host`) "
+                                    "instead of the task's")
     p.add_argument("--via", default="https_proxy", choices=WAYS_IN, help="way in to the proxy")
     engine = p.add_mutually_exclusive_group()
     engine.add_argument("--policy", type=Path, help="scripted policy for the reference server started here")
@@ -122,7 +123,8 @@ def run_task(args: argparse.Namespace) -> int:
     try:
         task = select_task(load_tasks(args.task), args.task_id, args.task)
         if args.image:
-            image = args.image if args.image == "host" else str(Path(args.image).resolve())
+            as_is = args.image == "host" or names_oci_image(args.image)
+            image = args.image if as_is else str(Path(args.image).resolve())
             task = dataclasses.replace(task, image=image)
         adapter_name = args.adapter or task.adapter
         if not adapter_name:

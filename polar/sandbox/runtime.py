@@ -2,13 +2,15 @@
 harness a network namespace holding only loopback (DESIGN.md §6) and a pid namespace, bounds its memory and
 processes (polar/sandbox/limits.py; wall time is exec's timeout) and reaps whatever it leaves behind.
 
-  auto   the default: the most isolated runtime installed (apptainer for a task that names an image, else bwrap)
+  auto   the default: the most isolated runtime installed (for a task that names an image: apptainer for a SIF
+         or sandbox directory, the container engine for an OCI image or tarball; else bwrap)
   bwrap  bubblewrap: a minimal read-only view of the host (system directories, a few /etc files, node and the
          harness CLIs), the session's HOME, workspace and socket directory writable, private /tmp, /proc and
          /dev, /proc/sys read-only, no /sys; no other host path (not the checkout, not the host user's home,
          not other runs' folders). Started by root, bwrap sets up the view and its first process drops to the
          unprivileged polar-sandbox user (polar/sandbox/identity.py); started by a user, it runs in a user
          namespace of that user, as before
+  docker podman or docker: one container per sandbox (polar/sandbox/docker.py), the same promises as apptainer
   local  explicit opt-in: `unshare` (net + pid namespaces) on the host filesystem, which the harness can read
          and write; it says so in one warning line
 
@@ -41,6 +43,7 @@ REGISTRY: dict[str, str] = {
     "local": "polar.sandbox.runtime:LocalRuntime",
     "bwrap": "polar.sandbox.runtime:BwrapRuntime",
     "apptainer": "polar.sandbox.apptainer:ApptainerRuntime",
+    "docker": "polar.sandbox.docker:DockerRuntime",
 }
 RUNTIMES = ("auto", *REGISTRY)
 LOCAL_WARNING = ("polar: runtime local: the harness runs on the host filesystem and can read and write the "
@@ -351,13 +354,29 @@ def _apptainer_installed() -> bool:
     return bool(shutil.which("apptainer")) or (TOOLS / "apptainer" / "usr" / "bin" / "apptainer").exists()
 
 
+def names_oci_image(image: str | None) -> bool:
+    """Whether a task's image is the container engine's: docker://REF, a tag (`name:tag`, no such path) or a
+    `docker save` tarball; a SIF or a sandbox directory is Apptainer's."""
+    if not image or image == "host":
+        return False
+    path = Path(image)
+    return image.startswith("docker://") or image.endswith((".tar", ".tar.gz")) or (
+        not path.exists() and not image.startswith("/") and ":" in image)
+
+
+def _engine_installed() -> bool:
+    return any(shutil.which(cli) for cli in ("podman", "docker"))
+
+
 def resolve_runtime(name: str, image: str | None = None) -> str:
-    """The runtime a name stands for: `auto` is apptainer for a task that names an image (when registered and
-    installed), else bwrap; `local` is never chosen for you."""
+    """The runtime a name stands for: `auto` is the container engine for a task that names an OCI image, apptainer
+    for one that names another image (when registered and installed), else bwrap; `local` is never chosen for you."""
     if name != "auto":
         if name not in REGISTRY:
             raise ValueError(f"unknown runtime {name!r}; expected one of {RUNTIMES}")
         return name
+    if names_oci_image(image) and "docker" in REGISTRY and _engine_installed():
+        return "docker"
     if image and image != "host" and "apptainer" in REGISTRY and _apptainer_installed():
         return "apptainer"
     if shutil.which("bwrap"):

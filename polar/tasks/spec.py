@@ -2,9 +2,9 @@
 
 A task file is YAML (one task mapping, a list of them, or `{tasks: [...]}`) or JSONL (one task per line).
 Each task: task_id, instruction, workspace (a directory or a .tar.gz, copied into the sandbox), image (an
-Apptainer SIF or sandbox directory, or `host` for the local/bwrap runtimes), adapter (optional: the batch's
-default otherwise), evaluator, timeout_s (the agent's budget), session_timeout_s (the whole sample),
-metadata (free-form, carried into the trajectory table); for verification (polar/tasks/verify.py): tests (a
+Apptainer SIF or sandbox directory, an OCI image for the docker runtime, or `host` for the local/bwrap
+runtimes), adapter (optional: the batch's default otherwise), evaluator, timeout_s (the agent's budget),
+session_timeout_s (the whole sample), metadata (free-form, carried into the trajectory table); for verification (polar/tasks/verify.py): tests (a
 directory staged over the final workspace copy, never shown to the agent), protected (workspace globs restored
 before verification and flagged when changed), reward_range (default [0, 1]); max_calls (the session's LLM call
 cap). Relative paths are relative to the task file.
@@ -69,7 +69,7 @@ class TaskSpec:
     task_id: str
     instruction: str
     workspace: Path | None
-    image: str  # SIF path, sandbox directory, or "host"
+    image: str  # SIF path, sandbox directory, OCI reference or tarball, or "host"
     adapter: str | None
     evaluator: EvaluatorSpec
     timeout_s: float = DEFAULT_TIMEOUT_S
@@ -279,9 +279,12 @@ def _count(value: Any, key: str, where: _Where) -> int:
 
 
 def _image(value: Any, where: _Where, base: Path) -> str:
-    """`host` or a path (its existence is checked when the sample starts: a missing image is an error sample)."""
+    """`host`, an OCI reference (`docker://REF`, or `name:tag` where no such path is) as written, or a path (its
+    existence is checked when the sample starts: a missing image is an error sample)."""
     text = _text(value, "image", where)
-    return text if text == "host" else str((base / text).resolve())
+    path = (base / text).resolve()
+    oci = text.startswith("docker://") or (":" in text and not text.startswith(("/", ".")) and not path.exists())
+    return text if text == "host" or oci else str(path)
 
 
 def _parse_evaluator(raw: Any, where: _Where) -> EvaluatorSpec:

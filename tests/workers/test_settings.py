@@ -47,8 +47,8 @@ def test_runtime_local_is_refused_unless_the_node_opts_in():
         load_settings({"POLAR_NODE": "n1", "POLAR_RUNTIME": "local", "POLAR_ALLOW_LOCAL": "yes"})
     assert load_settings({"POLAR_NODE": "n1", "POLAR_RUNTIME": "local", "POLAR_ALLOW_LOCAL": "1"}).runtime == "local"
     assert load_settings({"POLAR_NODE": "n1", "POLAR_RUNTIME": "bwrap"}).runtime == "bwrap"
-    with pytest.raises(ValueError, match="POLAR_RUNTIME 'docker'"):
-        load_settings({"POLAR_NODE": "n1", "POLAR_RUNTIME": "docker"})
+    with pytest.raises(ValueError, match="POLAR_RUNTIME 'kvm'"):
+        load_settings({"POLAR_NODE": "n1", "POLAR_RUNTIME": "kvm"})
 
 
 def test_a_local_worker_refuses_to_start_with_one_line():

@@ -29,7 +29,7 @@ from polar.sandbox.runtime import (LOCAL_WARNING, REGISTRY, BwrapRuntime, Mounts
 
 ROOT = Path(__file__).resolve().parents[3]
 POLICY = ROOT / "fixtures" / "policies" / "escape-attempts.yaml"
-ISOLATED = ["bwrap", "apptainer"]  # every runtime that claims isolation
+ISOLATED = ["bwrap", "apptainer", "docker"]  # every runtime that claims isolation
 IMAGE = ROOT / ".cache" / "images" / "polar-tasks" / "rootfs"  # the demo tasks' image (make setup builds it)
 SMALL = Limits(memory_bytes=512 << 20, processes=128)
 # Writes to read-only places; HOME's parent is read-only in bwrap, a private tmpfs in apptainer: never the host's.
@@ -95,10 +95,15 @@ def mounts_in(run: Path) -> Mounts:
 
 
 def prepare(runtime: str, m: Mounts, limits: Limits):
-    if runtime != "apptainer":
+    if runtime not in ("apptainer", "docker"):
         return get_runtime(runtime, limits=limits).prepare(m)
     if not (IMAGE / "usr" / "bin" / "python3").exists():
         pytest.fail(f"image {IMAGE} missing (make setup builds it: scripts/build_image.sh)")
+    if runtime == "docker":
+        from tests.polar.sandbox.test_docker import require_engine
+
+        require_engine()
+        return get_runtime("docker", limits=limits).prepare(m, image=str(IMAGE))
     return get_runtime("apptainer").prepare(m, image=str(IMAGE))  # the default limits (exec's cgroup)
 
 
@@ -170,7 +175,7 @@ def test_fork_bomb_is_bounded_and_the_node_keeps_serving(runtime, host):
     assert again.exit_code == 0 and out == "still-serving\n"
 
 
-@pytest.mark.parametrize("runtime", ["local", "bwrap"])  # apptainer runs with the default limits (4 GiB)
+@pytest.mark.parametrize("runtime", ["local", "bwrap", "docker"])  # apptainer: the default limits (4 GiB)
 def test_memory_is_bounded(runtime, tmp_path):
     m = mounts_in(tmp_path)
     hog = "python3 -c \"b = b'x' * (1 << 30); print('allocated', len(b))\"; echo exit=$?"
@@ -224,7 +229,7 @@ def test_auto_is_the_most_isolated_installed():
     assert resolve_runtime("auto", image="host") == "bwrap"
     assert resolve_runtime("local") == "local"  # only when asked
     with pytest.raises(ValueError, match="unknown runtime"):
-        get_runtime("docker")
+        get_runtime("kvm")
 
 
 def test_local_warns_that_the_host_is_writable(host, capsys):

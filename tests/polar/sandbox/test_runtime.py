@@ -11,7 +11,7 @@ import pytest
 from polar.sandbox.bridge import UnixToTcp
 from polar.sandbox.runtime import REGISTRY, Mounts, get_runtime
 
-RUNTIMES = [r for r in REGISTRY if r != "apptainer"]  # apptainer needs an image: its own tests
+RUNTIMES = [r for r in REGISTRY if r != "apptainer"]  # apptainer: its own tests; docker: on the demo image
 
 
 @pytest.fixture
@@ -31,7 +31,14 @@ def mounts(tmp_path) -> Mounts:
 
 
 def run(runtime: str, mounts: Mounts, script: str, forwards=(), timeout: float = 60):
-    sandbox = get_runtime(runtime).prepare(mounts)
+    if runtime == "docker":
+        from tests.polar.sandbox.test_apptainer import demo_image
+        from tests.polar.sandbox.test_docker import require_engine
+
+        require_engine()
+        sandbox = get_runtime(runtime).prepare(mounts, image=str(demo_image()))
+    else:
+        sandbox = get_runtime(runtime).prepare(mounts)
     env = {"PATH": os.environ["PATH"], "HOME": str(mounts.home)}
     out, err = mounts.shared / "out", mounts.shared / "err"
     result = sandbox.exec(["sh", "-c", script], env, mounts.workspace, timeout, out, err, forwards)
@@ -86,4 +93,4 @@ def test_bwrap_root_is_read_only(mounts, tmp_path_factory):
 
 def test_unknown_runtime():
     with pytest.raises(ValueError, match="unknown runtime"):
-        get_runtime("docker")
+        get_runtime("kvm")

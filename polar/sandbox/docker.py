@@ -1,0 +1,331 @@
+"""The container runtime (`--runtime docker`): a harness in an OCI container, driven through the podman or the
+docker CLI (the first that works: podman, which needs no daemon, then docker with a reachable daemon;
+POLAR_DOCKER=podman|docker chooses).
+
+`prepare` starts one container per sandbox, detached, whose first process only reaps orphans; each harness or
+evaluator step is an `exec` into it, and `stop` removes it (`rm -f`). The promises are Apptainer's: no network
+but loopback (`--network none`; the proxy through the unix sockets of polar/sandbox/bridge.py in the shared
+folder), a read-only root with only HOME, the workspace, the socket folder and a size-bounded /tmp writable, no
+capability, no-new-privileges, the harness CLIs, node and the forwarder bound read-only at their host paths,
+`--pids-limit`/`--memory`/`--cpus` and explicit rlimits. Every process runs as the polar-sandbox user
+(identity.py) when Polar is root, so the host never sees uid 0 from a sandbox; unprivileged podman keeps the
+caller's uid (`--userns keep-id`). After each exec every process it left is killed (`kill -9 -1` from inside:
+all but the container's first process).
+
+Images (a task's `image:`): `docker://REF` or a local tag (`polar-tasks:local`), a `docker save` tarball
+(loaded once), or a root filesystem directory (imported once, cached under a tag derived from the directory;
+the demo tasks' Apptainer sandbox directory works as is). Containers carry the label `polar.sandbox` and the
+HOME they serve: `prepare` also removes leftovers whose HOME is gone or that are older than MAX_AGE_S (a
+worker killed with SIGKILL leaves its container to the next prepare on the node).
+
+Measured quirks (DESIGN.md §6): Debian's podman 4.3 needs `--runtime runc` on hybrid cgroups (crun refuses
+them) and a containers.conf without default ulimits (root here lacks CAP_SYS_RESOURCE; CONTAINERS_CONF points
+at polar/sandbox/containers.conf unless set); RLIMIT_NPROC above ~32k is refused.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from polar.sandbox import bridge
+from polar.sandbox.apptainer import read_only_binds
+from polar.sandbox.identity import Identity, sandbox_identity
+from polar.sandbox.limits import DEFAULT_LIMITS, Limits
+from polar.sandbox.runtime import ExecResult, Mounts, SandboxError, _copy, bridged, run_as
+
+ENGINES = ("podman", "docker")
+LABEL = "polar.sandbox"
+CONTAINERS_CONF = Path(__file__).with_name("containers.conf")
+MAX_AGE_S = 2 * 24 * 3600  # no sample lives this long: an older container is a leftover
+TMP_BYTES = 1 << 30  # the private /tmp (tmpfs, counted in the container's memory)
+NOFILE = 65536  # at most our own hard limits: root without CAP_SYS_RESOURCE cannot raise them
+NPROC = 16384  # per host uid, so shared by every sample's polar-sandbox processes; --pids-limit bounds one
+CLI_TIMEOUT_S = 300.0  # an engine command (not an exec) that takes longer is hung
+# The first process reaps orphans (a plain `sleep` would leave them as zombies, counted by --pids-limit): the
+# image's python3, or a shell loop in an image without one.
+REAPER = ("import os, signal, time\nsignal.signal(signal.SIGTERM, lambda *_: os._exit(0))\nwhile True:\n"
+          "    try:\n        os.wait()\n    except ChildProcessError:\n        time.sleep(0.5)\n")
+INIT = ["sh", "-c", 'command -v python3 >/dev/null && exec python3 -I -c "$0"; trap "exit 0" TERM; '
+        'while :; do sleep 1; done', REAPER]
+# Run after every exec, as the sandbox's user: count and kill what is left (kill -1 spares pid 1 and itself).
+REAP = ('n=0; for d in /proc/[0-9]*; do p=${d#/proc/}; [ "$p" = 1 ] || [ "$p" = $$ ] || n=$((n + 1)); done; '
+        'kill -9 -1 2>/dev/null; echo "$n"')
+
+
+@dataclass(frozen=True)
+class Engine:
+    """One container CLI and how to call it."""
+
+    kind: str  # podman | docker
+    cli: str
+
+    def base(self) -> list[str]:
+        runc = shutil.which("runc", path=os.environ.get("PATH", "") + ":/usr/sbin:/sbin")
+        return [self.cli, "--runtime", runc] if self.kind == "podman" and runc else [self.cli]
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        if self.kind == "podman":
+            env.setdefault("CONTAINERS_CONF", str(CONTAINERS_CONF))
+        return env
+
+    def run(self, args: Sequence[str], check: bool = True, stdin: int | None = None,
+            timeout: float = CLI_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run([*self.base(), *args], env=self.env(), stdin=stdin, capture_output=True, text=True,
+                              timeout=timeout)
+        if check and proc.returncode != 0:
+            raise SandboxError(f"docker runtime: `{self.kind} {' '.join(args[:2])}` failed: "
+                               f"{' '.join(proc.stderr.split())[-600:]}")
+        return proc
+
+
+def find_engine(choice: str | None = None) -> Engine:
+    """podman if installed, else docker if its daemon answers; `choice` (or POLAR_DOCKER) names one."""
+    choice = choice or os.environ.get("POLAR_DOCKER") or None
+    if choice and choice not in ENGINES:
+        raise SandboxError(f"POLAR_DOCKER={choice!r}: expected one of {', '.join(ENGINES)}")
+    for kind in (choice,) if choice else ENGINES:
+        cli = shutil.which(kind)
+        if cli and (kind == "podman" or _answers(Engine(kind, cli))):
+            return Engine(kind, cli)
+    wanted = choice or " or ".join(ENGINES)
+    raise SandboxError(f"docker runtime: no working {wanted} (make setup installs podman)")
+
+
+def _answers(engine: Engine) -> bool:
+    try:
+        return engine.run(["version", "--format", "{{.Server.Version}}"], check=False, timeout=20).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def engine_installed() -> bool:
+    try:
+        find_engine()
+        return True
+    except SandboxError:
+        return False
+
+
+# -- images -------------------------------------------------------------------------------------------------------
+def _exists(engine: Engine, ref: str) -> bool:
+    return engine.run(["image", "inspect", "--format", "{{.Id}}", ref], check=False).returncode == 0
+
+
+def image_ref(engine: Engine, image: str) -> str:
+    """The engine's name for a task's image: a tag or docker:// reference (pulled when missing), a `docker save`
+    tarball (loaded), a root filesystem directory (imported); raises SandboxError naming the image."""
+    path = Path(image)
+    if image.startswith("/") and not path.exists():
+        raise SandboxError(f"docker runtime: image {image} not found")
+    if image.startswith("docker://") or not path.exists():
+        ref = image.removeprefix("docker://")
+        if not _exists(engine, ref):
+            engine.run(["pull", "--quiet", ref])
+        return ref
+    if path.is_dir():
+        return import_rootfs(engine, path)
+    if tarfile.is_tarfile(path):
+        return load_tarball(engine, path)
+    raise SandboxError(f"docker runtime: image {image} is neither an OCI reference, a `docker save` tarball nor a "
+                       "root filesystem directory (a SIF is Apptainer's: --runtime apptainer)")
+
+
+def rootfs_tag(rootfs: Path) -> str:
+    """A tag that changes when the directory is rebuilt (a new inode or mtime), so a stale import is not used."""
+    st = rootfs.resolve().stat()
+    key = hashlib.sha256(f"{rootfs.resolve()}:{st.st_ino}:{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    return f"polar-rootfs:{key}"
+
+
+def import_rootfs(engine: Engine, rootfs: Path, tag: str | None = None) -> str:
+    """The directory as an image (`tar | import`, ~13 s for the demo's 290 MB; once), also tagged `tag`."""
+    ref = rootfs_tag(rootfs)
+    if not _exists(engine, ref):
+        if not (rootfs / "bin").exists() and not (rootfs / "usr" / "bin").is_dir():
+            raise SandboxError(f"docker runtime: image directory {rootfs} holds no root filesystem")
+        tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
+        try:
+            engine.run(["import", "--change", f"LABEL polar.rootfs={rootfs.resolve()}", "-", ref], stdin=tar.stdout)
+        finally:
+            tar.stdout.close()  # type: ignore[union-attr]
+            tar.wait()
+    if tag:
+        engine.run(["tag", ref, tag])
+    return ref
+
+
+def load_tarball(engine: Engine, tarball: Path) -> str:
+    """A `docker save` tarball's image: its first tag when the engine has it already, else loaded now."""
+    try:
+        with tarfile.open(tarball) as tar:
+            member = tar.extractfile("manifest.json")
+            tags = json.load(member)[0].get("RepoTags") or [] if member else []
+    except (KeyError, ValueError, IndexError, tarfile.TarError):
+        tags = []
+    if tags and _exists(engine, tags[0]):
+        return tags[0]
+    out = engine.run(["load", "-i", str(tarball)]).stdout
+    loaded = [line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Loaded image")]
+    if not loaded:
+        raise SandboxError(f"docker runtime: `load -i {tarball}` named no image: {out[-300:]}")
+    return loaded[-1].split(",")[0].strip()
+
+
+# -- containers ---------------------------------------------------------------------------------------------------
+def run_args(engine: Engine, mounts: Mounts, who: Identity, limits: Limits, cpus: float) -> list[str]:
+    """The isolation and limits of one sandbox container (everything but its name and image)."""
+    nofile, nproc = (_at_most(resource.RLIMIT_NOFILE, NOFILE), _at_most(resource.RLIMIT_NPROC, NPROC))
+    args = ["--detach", "--rm", "--label", LABEL, "--label", f"polar.home={mounts.home}",
+            "--label", f"polar.created={int(time.time())}", "--network", "none", "--read-only",
+            "--tmpfs", f"/tmp:rw,nosuid,nodev,size={TMP_BYTES}", "--cap-drop", "ALL",
+            "--security-opt", "no-new-privileges", "--user", f"{who.uid}:{who.gid}",
+            "--pids-limit", str(limits.processes), "--memory", str(limits.memory_bytes),
+            "--memory-swap", str(limits.memory_bytes), "--cpus", f"{cpus:g}",
+            "--ulimit", f"nofile={nofile}:{nofile}", "--ulimit", f"nproc={nproc}:{nproc}",
+            "--ulimit", f"fsize={limits.file_bytes}:{limits.file_bytes}", "--ulimit", "core=0:0"]
+    if engine.kind == "podman":
+        args += ["--read-only-tmpfs=false"]  # podman adds writable /run, /var/tmp otherwise
+        if os.geteuid() != 0:
+            args += ["--userns", "keep-id"]
+    for d in (mounts.home, mounts.workspace, mounts.shared):
+        args += ["--volume", f"{d}:{d}"]
+    for src, dst in read_only_binds():
+        args += ["--volume", f"{src}:{dst}:ro"]
+    return args
+
+
+def _at_most(kind: int, value: int) -> int:
+    hard = resource.getrlimit(kind)[1]
+    return value if hard == resource.RLIM_INFINITY else min(value, hard)
+
+
+def remove_leftovers(engine: Engine, max_age_s: float = MAX_AGE_S) -> list[str]:
+    """Remove Polar's containers whose HOME no longer exists on this host or that are older than `max_age_s`."""
+    ids = engine.run(["ps", "-a", "-q", "--filter", f"label={LABEL}"], check=False).stdout.split()
+    if not ids:
+        return []
+    fmt = '{{.Name}}|{{index .Config.Labels "polar.home"}}|{{index .Config.Labels "polar.created"}}'
+    found = engine.run(["inspect", "--format", fmt, *ids], check=False).stdout.splitlines()
+    stale = []
+    for line in found:
+        name, home, created = (line.split("|") + ["", ""])[:3]
+        old = created.isdigit() and time.time() - int(created) > max_age_s
+        if old or (home and not Path(home).exists()):
+            stale.append(name.lstrip("/"))
+    if stale:
+        engine.run(["rm", "-f", *stale], check=False)
+    return stale
+
+
+class DockerSandbox:
+    """One running container; `exec` may be called many times (harness, then evaluator)."""
+
+    def __init__(self, mounts: Mounts, name: str, engine: Engine, who: Identity, drop_to: Identity | None) -> None:
+        self.mounts, self.name, self.engine, self.who = mounts, name, engine, who
+        self.drop_to = drop_to  # the host identity the folders are handed to (None: we are unprivileged)
+
+    def exec(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path, timeout_s: float,
+             stdout: Path, stderr: Path, forwards: Sequence[tuple[int, Path]] = ()) -> ExecResult:
+        inner = list(argv)
+        if forwards:  # the image's own python3 runs the forwarder (bound in read-only)
+            inner = bridged(inner, forwards, python="python3", script=str(Path(bridge.__file__).resolve()))
+        fd, env_file = tempfile.mkstemp(prefix="polar-env-")  # 0600, never on a command line, never in the sandbox
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.writelines(f"{k}={v}\n" for k, v in env.items() if "\n" not in v)
+            multiline = [a for k, v in env.items() if "\n" in v for a in ("--env", k)]  # from the CLI's own env
+            cmd = [*self.engine.base(), "exec", "--user", f"{self.who.uid}:{self.who.gid}", "--workdir", str(cwd),
+                   "--env-file", env_file, *multiline, self.name, *inner]
+            client_env = {**self.engine.env(), **{k: v for k, v in env.items() if "\n" in v}}
+            result = run_as(self.drop_to, self.mounts, cmd, client_env, self.mounts.workspace, timeout_s,
+                            stdout, stderr, None)
+        finally:
+            os.unlink(env_file)
+            reaped = self._reap()
+        return ExecResult(result.exit_code, result.timed_out, result.wall_s, reaped)
+
+    def _reap(self) -> int:
+        """Kill whatever the exec left running (a killed `exec` client leaves its processes in the container)."""
+        proc = self.engine.run(["exec", "--user", f"{self.who.uid}:{self.who.gid}", self.name, "sh", "-c", REAP],
+                               check=False, timeout=60)
+        count = proc.stdout.strip().splitlines()[-1:] if proc.returncode == 0 else []
+        return int(count[0]) if count and count[0].isdigit() else 0
+
+    def copy_in(self, src: Path, dst: Path) -> None:
+        _copy(src, dst)  # the bound folders are the host's own
+
+    def copy_out(self, src: Path, dst: Path) -> None:
+        _copy(src, dst)
+
+    def stop(self) -> None:
+        """Remove the container (every process in it); safe to call twice."""
+        args = ["rm", "-f", "-t", "0", self.name] if self.engine.kind == "podman" else ["rm", "-f", self.name]
+        proc = self.engine.run(args, check=False)
+        if proc.returncode != 0 and "no such container" not in proc.stderr.lower():
+            raise SandboxError(f"docker runtime: could not remove container {self.name}: {proc.stderr.strip()}")
+
+
+class DockerRuntime:
+    name = "docker"
+
+    def __init__(self, limits: Limits = DEFAULT_LIMITS, cpus: float = 2.0, engine: str | None = None) -> None:
+        self.limits, self.cpus, self.engine_choice = limits, cpus, engine
+
+    def prepare(self, mounts: Mounts, image: str | None = None, instance: str | None = None) -> DockerSandbox:
+        """Start a container of `image`; raises SandboxError naming the image or the engine's complaint."""
+        if not image or image == "host":
+            raise SandboxError("docker runtime: the task names no image (image: host); give an OCI image, a "
+                               "`docker save` tarball or a root filesystem directory, or use --runtime bwrap|local")
+        engine, (who, drop_to) = find_engine(self.engine_choice), _identity()
+        remove_leftovers(engine)
+        ref = image_ref(engine, image)
+        name = instance or f"polar-{os.urandom(6).hex()}"
+        engine.run(["run", "--name", name, *run_args(engine, mounts, who, self.limits, self.cpus), ref, *INIT])
+        return DockerSandbox(mounts, name, engine, who, drop_to)
+
+    def attach(self, mounts: Mounts, image: str | None, instance: str | None) -> DockerSandbox:
+        """The running container `instance` again (a later stage, maybe another process)."""
+        if not instance:
+            raise SandboxError("docker runtime: no running container to attach to (the sandbox never started)")
+        who, drop_to = _identity()
+        return DockerSandbox(mounts, instance, find_engine(self.engine_choice), who, drop_to)
+
+
+def _identity() -> tuple[Identity, Identity | None]:
+    """(the uid:gid processes run as, the host identity folders are handed to): polar-sandbox when we are root."""
+    try:
+        drop_to = sandbox_identity()
+    except RuntimeError as e:
+        raise SandboxError(f"docker runtime: {e}") from e
+    return drop_to or Identity(os.getuid(), os.getgid()), drop_to
+
+
+def main(argv: Sequence[str] = tuple(sys.argv[1:])) -> int:
+    """`python -m polar.sandbox.docker import ROOTFS TAG`: make setup's import of the demo tasks' image."""
+    if len(argv) != 3 or argv[0] != "import":
+        print("usage: python -m polar.sandbox.docker import ROOTFS_DIR TAG", file=sys.stderr)
+        return 2
+    try:
+        engine = find_engine()
+        ref = import_rootfs(engine, Path(argv[1]), argv[2])
+    except SandboxError as e:
+        print(e, file=sys.stderr)
+        return 1
+    print(f"{engine.kind}: {argv[2]} ({ref})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
