@@ -4,7 +4,6 @@ parsed. The calls-per-session cap lives with the session (polar_mitm/auth.py, ro
 from __future__ import annotations
 
 import time
-from collections import deque
 from dataclasses import dataclass, field
 
 from mitmproxy import ctx, http
@@ -20,21 +19,34 @@ SWEEP_EVERY = 1024  # admits between sweeps of sessions that went quiet
 Key = tuple[str, str]  # (task_id, session_id)
 
 
-@dataclass
+@dataclass(slots=True)
 class _Usage:
+    """A session's calls in flight, and its body bytes over a sliding minute: this minute's count plus the
+    last minute's, weighted by how much of it is still inside the window (a few dozen bytes a session, since
+    the table holds every session of the last minute)."""
+
     flows: dict[str, float] = field(default_factory=dict)  # flow id -> admitted at (monotonic): in flight
-    sent: deque[tuple[float, int]] = field(default_factory=deque)  # (monotonic time, body bytes) in the window
-    window_bytes: int = 0
+    minute: float = 0.0  # start of the current 60 s bucket
+    this_bytes: int = 0
+    last_bytes: int = 0
 
     def prune(self, now: float) -> None:
-        while self.sent and self.sent[0][0] <= now - WINDOW_S:
-            self.window_bytes -= self.sent.popleft()[1]
+        if now - self.minute >= WINDOW_S:
+            elapsed = int((now - self.minute) // WINDOW_S)
+            self.last_bytes = self.this_bytes if elapsed == 1 else 0
+            self.this_bytes, self.minute = 0, self.minute + elapsed * WINDOW_S
         for flow_id in [f for f, at in self.flows.items() if at <= now - STALE_S]:
             del self.flows[flow_id]
 
+    def window_bytes(self, now: float) -> int:
+        return self.this_bytes + int(self.last_bytes * max(0.0, 1 - (now - self.minute) / WINDOW_S))
+
+    def add(self, size: int) -> None:
+        self.this_bytes += size
+
     @property
     def idle(self) -> bool:
-        return not self.flows and not self.sent
+        return not self.flows and not self.this_bytes and not self.last_bytes
 
 
 def parse_quota(value: int) -> int:
@@ -72,18 +84,20 @@ class SessionQuotas:
         self._admits += 1
         if self._admits % SWEEP_EVERY == 0:
             self._sweep(now)
-        usage = self._usage.setdefault(key, _Usage())
+        usage = self._usage.get(key)
+        if usage is None:
+            usage = self._usage[key] = _Usage(minute=now)
         usage.prune(now)
         if self.max_inflight and len(usage.flows) >= self.max_inflight:
             raise ProviderError(429, f"polar: this session has {len(usage.flows)} calls in flight, the most the "
                                      "proxy allows one session (polar_session_max_inflight); retry when one ends")
-        if self.bytes_per_minute and usage.window_bytes + size > self.bytes_per_minute:
-            raise ProviderError(429, f"polar: this session sent {usage.window_bytes} request bytes in the last "
+        sent = usage.window_bytes(now)
+        if self.bytes_per_minute and sent + size > self.bytes_per_minute:
+            raise ProviderError(429, f"polar: this session sent {sent} request bytes in the last "
                                      f"{WINDOW_S:.0f} s; {size} more exceed its quota of {self.bytes_per_minute} "
                                      "(polar_session_bytes_per_minute)")
         usage.flows[flow.id] = now
-        usage.sent.append((now, size))
-        usage.window_bytes += size
+        usage.add(size)
         flow.metadata["polar_quota_key"] = key
 
     def release(self, flow: http.HTTPFlow) -> None:
