@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One-command setup, safe to re-run: venv + package, Redis on 127.0.0.1:6379, bubblewrap,
-# relocated Apptainer (DESIGN.md §6), the six harness CLIs into a project-local npm prefix.
+# relocated Apptainer (DESIGN.md §6), podman, the six harness CLIs into a project-local npm prefix.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib.sh
@@ -21,6 +21,8 @@ step "apptainer (relocated)"
 bash scripts/install_apptainer.sh
 
 step "task image (Debian packages via mmdebstrap, cached)"; bash scripts/build_image.sh
+
+step "podman and the task image as polar-tasks:local"; bash scripts/setup_podman.sh
 
 step "harness CLIs (npm, pinned)"
 bash scripts/install_harnesses.sh

@@ -6,10 +6,11 @@ source scripts/lib.sh
 
 # libseccomp2 + libsqlite3-0: the relocated apptainer links them from the host.
 # chromium (+ a font): the report tests open `polar report` pages headless.
+# podman + runc: the docker runtime's engine (runc: crun refuses hybrid cgroups).
 # python3-pytest: the demo tasks' verifier, run by the host's python3 in the bwrap and local runtimes (--image host).
 packages=(redis-server bubblewrap uidmap squashfs-tools squashfuse patchelf iproute2 util-linux
           busybox-static ca-certificates libseccomp2 libsqlite3-0
-          chromium fonts-dejavu-core python3-pytest)
+          chromium fonts-dejavu-core python3-pytest podman runc)
 
 installed() { [ "$(dpkg-query -W -f='${db:Status-Status}' "$1" 2>/dev/null)" = installed ]; }
 has_candidate() { local c; c=$(apt-cache policy "$1" 2>/dev/null | awk '/Candidate:/ {print $2}'); [ -n "$c" ] && [ "$c" != "(none)" ]; }
