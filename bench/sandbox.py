@@ -1,7 +1,8 @@
 """Sandbox start and teardown per runtime on this machine: start-to-first-exec (prepare a sandbox, then one exec
 of `true` through the in-sandbox forwarder, with the per-sandbox cgroup made and removed) and teardown (stop),
 median of N each, and the ratio to the same command run on the host in the same run (the forwarder's python
-start included there too). Apptainer runs an instance of the demo task image (scripts/build_image.sh).
+start included there too). Apptainer runs an instance of the demo task image (scripts/build_image.sh), docker a
+container of it (podman or docker, polar/sandbox/docker.py; its exec includes killing what the exec left).
 
     .venv/bin/python bench/sandbox.py [--runs 20]
 """
@@ -22,6 +23,7 @@ from polar_mitm.launch import free_port  # noqa: E402
 from polar.sandbox.runtime import REGISTRY, Mounts, bridged, get_runtime, run_group  # noqa: E402
 
 IMAGE = ROOT / ".cache" / "images" / "polar-tasks" / "rootfs"
+IMAGED = ("apptainer", "docker")  # runtimes that run the task image
 
 
 def measure(runtime: str | None, mounts: Mounts, runs: int) -> tuple[float, float]:
@@ -37,7 +39,7 @@ def measure(runtime: str | None, mounts: Mounts, runs: int) -> tuple[float, floa
             box = None
         else:
             rt = get_runtime(runtime)
-            box = rt.prepare(mounts, image=str(IMAGE)) if runtime == "apptainer" else rt.prepare(mounts)
+            box = rt.prepare(mounts, image=str(IMAGE)) if runtime in IMAGED else rt.prepare(mounts)
             result = box.exec(["true"], env, mounts.workspace, 60, out, err, forwards)
         starts.append(time.monotonic() - start)
         start = time.monotonic()
@@ -62,11 +64,21 @@ def main() -> int:
         print(f"{'runtime':20} {'start-to-first-exec':>20} {'teardown':>10}")
         print(f"{'host (no sandbox)':20} {base * 1000:17.1f} ms {'-':>10}")
         for name in REGISTRY:
-            if name == "apptainer" and not (IMAGE / "usr" / "bin" / "python3").exists():
+            if name in IMAGED and not (IMAGE / "usr" / "bin" / "python3").exists():
                 print(f"{name:20} skipped: no demo image at {IMAGE} (scripts/build_image.sh)")
                 continue
+            label = name
+            if name == "docker":
+                from polar.sandbox.docker import find_engine
+                from polar.sandbox.runtime import SandboxError
+
+                try:
+                    label = f"docker ({find_engine().kind})"
+                except SandboxError as e:
+                    print(f"{name:20} skipped: {e}")
+                    continue
             first, stop = measure(name, mounts, args.runs)
-            print(f"{name:20} {first * 1000:17.1f} ms {stop * 1000:7.1f} ms  {first / base:6.2f}x host")
+            print(f"{label:20} {first * 1000:17.1f} ms {stop * 1000:7.1f} ms  {first / base:6.2f}x host")
     return 0
 
 
