@@ -104,3 +104,23 @@ def test_the_fence_holds_calls_during_a_reload_mid_batch(run, tiny_model_dir: Pa
     batch.wait(timeout=300)
     versions = list(call_versions(out / "overlap" / batch.batch_id).values())
     assert len(versions) == 2 * 8 and set(versions) == {STEPS, STEPS + 1}  # held calls went on at the new one
+
+
+def test_fidelity_on_merged_multi_call_trajectories(run, tiny_model_dir: Path):
+    """Two chained calls merge into one row, the template and user turn between them at mask 0: the trainer's
+    logprobs over the whole row equal the engine's at every sampled token of both calls."""
+    from transformers import AutoModelForCausalLM
+
+    from polar.trl.logprobs import max_abs_error
+
+    out, _, _, c, tasks = run
+    client = PolarClient(c.broker, c.sessions)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    FenceWeightTransfer(client, [c.engine], tiny_model_dir, out / "multi-weights",
+                        version=int(engine_versions([c.engine])[0])).push(model)
+    two = [{**t, "adapter": str(Path(__file__).with_name("two-call.yaml"))} for t in tasks]
+    step = PolarRollouts(client, two, RolloutConfig(group_size=2, out=out / "multi")).collect(
+        [t["task_id"] for t in two])
+    merged = [r for r in step.usable if 0 in r.loss_mask[r.loss_mask.index(1):]]  # sampled, then mask 0
+    assert len(step.usable) == len(step.rows) == 2 * len(tasks) and merged
+    assert max_abs_error(model, step.usable) <= 1e-4
