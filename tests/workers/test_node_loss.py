@@ -73,6 +73,12 @@ class Nodes(Cluster):
         return wait_for(lambda: (lambda r: r if len(r) >= count else None)(self.running_on(batch, name)), 300,
                         f"{count} harnesses running on {name}")
 
+    def held_when_draining(self, batch, name: str) -> set[str]:
+        """Once `name` is listed draining (and has stopped taking samples): the samples it holds."""
+        wait_for(lambda: [n for n in self.client.nodes() if n.node == name and n.state == "draining"], 10, "draining")
+        time.sleep(1.0)
+        return {s for s, st in batch.samples().items() if st.get("node") == name and st.get("stage") in steps.HELD}
+
     def running_on(self, batch, name: str) -> list[str]:
         """Samples whose harness runs on `name` and has made its first call."""
         return [s for s, st in batch.samples().items() if st.get("node") == name and st.get("stage") == "run"
@@ -203,6 +209,7 @@ def test_a_frozen_node_that_comes_back_runs_nothing_twice(nodes: Nodes):
     wait_for(lambda: "heartbeat had lapsed" in n1.log.read_text(errors="replace"), 30, "n1 noticing it was lost")
     wait_for(lambda: n1.log.read_text(errors="replace").count("discarded a stale") >= len(moved), 120,
              "n1's own stages of the reassigned samples discarded")
+    wait_for(lambda: [n for n in nodes.client.nodes() if n.node == "n1" and n.load == 0], 30, "n1 idle again")
     time.sleep(2 * HEARTBEAT_S)
     assert (batch.samples(), {s: (batch.dir / "samples" / s / "result.json").read_bytes() for s in results}) == snapshot
     assert check_each_once(nodes, batch) == results
@@ -210,15 +217,16 @@ def test_a_frozen_node_that_comes_back_runs_nothing_twice(nodes: Nodes):
 
 
 def test_a_drained_node_finishes_its_samples_and_takes_no_new_ones(nodes: Nodes):
-    batch = nodes.submit(("slow-d", "slow"), group_size=6)
-    running = nodes.wait_running(batch, "n1", 2)
+    batch = nodes.submit(("slow-d", "slow"), group_size=8)
+    running = nodes.wait_running(batch, "n1", 1)
     argv = ["--broker", nodes.broker]
     assert main(["node", "drain", "n1", "--deadline", "120", *argv]) == 0
-    wait_for(lambda: [n for n in nodes.client.nodes() if n.node == "n1" and n.state == "draining"], 10, "draining")
+    held = nodes.held_when_draining(batch, "n1")
     finished(nodes, batch)
     results = check_each_once(nodes, batch)
+    assert set(running) <= held
     for sid, res in results.items():
-        assert res["node"] == ("n1" if sid in running else "n2") and res["attempts"] == 1, res
+        assert res["node"] == ("n1" if sid in held else "n2") and res["attempts"] == 1, res
     [n1] = [n for n in nodes.client.nodes() if n.node == "n1"]
     assert (n1.state, n1.load) == ("draining", 0)
     assert main(["node", "undrain", "n1", *argv]) == 0
@@ -237,14 +245,16 @@ def test_a_drain_past_its_deadline_hands_over(nodes: Nodes):
 
 def test_sigterm_drains_then_stops(nodes: Nodes):
     """SIGTERM of a worker: no new samples there, its running ones finish there, then it exits, listed stopped."""
-    batch = nodes.submit(("slow-t", "slow"), group_size=6)
-    running = nodes.wait_running(batch, "n1", 2)
+    batch = nodes.submit(("slow-t", "slow"), group_size=8)
+    running = nodes.wait_running(batch, "n1", 1)
     n1 = nodes.nodes["n1"]
     n1.proc.send_signal(signal.SIGTERM)  # the main process only, as `celery multi stop` or systemd's mixed mode
+    held = nodes.held_when_draining(batch, "n1")
     finished(nodes, batch)
     results = check_each_once(nodes, batch)
+    assert set(running) <= held
     for sid, res in results.items():
-        assert res["node"] == ("n1" if sid in running else "n2") and res["attempts"] == 1, res
+        assert res["node"] == ("n1" if sid in held else "n2") and res["attempts"] == 1, res
     assert n1.proc.wait(60) == 0
     assert [n.state for n in nodes.client.nodes() if n.node == "n1"] == ["stopped"]
     nodes.restart("n1")
