@@ -9,7 +9,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from polar_mitm.sampling import add_sampling_args, sampling_from_args
-from workers.settings import DEFAULT_BROKER
+from workers.settings import DEFAULT_BROKER, sessions_url
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -30,23 +30,23 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("batch", nargs="?", help="batch id (none: only the nodes)")
     s.add_argument("--json", action="store_true", help="machine-readable")
     _broker(s)
-    s.set_defaults(func=status)
+    s.set_defaults(func=_checked(status))
     c = sub.add_parser("cancel", help="cancel a batch: queued samples never start, running ones stop")
     c.add_argument("batch", help="batch id")
     _broker(c)
-    c.set_defaults(func=cancel)
+    c.set_defaults(func=_checked(cancel))
     f = sub.add_parser("policy", help="weight-sync fence: hold (pause) or release (resume) every node's LLM calls")
     f.add_argument("action", choices=["pause", "resume", "status"])
     f.add_argument("--timeout", type=float, default=120.0, help="pause: seconds to wait for in-flight calls")
     _broker(f)
-    f.set_defaults(func=policy)
+    f.set_defaults(func=_checked(policy))
     n = sub.add_parser("node", help="rollout nodes: list them, or drain one (no new samples; the rest handed over)")
     n.add_argument("action", choices=["list", "drain", "undrain"])
     n.add_argument("node", nargs="?", help="drain/undrain: the node's name (POLAR_NODE)")
     n.add_argument("--deadline", type=float, default=300.0,
                    help="drain: seconds its running samples may take to finish before they are handed over")
     _broker(n)
-    n.set_defaults(func=node)
+    n.set_defaults(func=_checked(node))
 
 
 def _broker(p: argparse.ArgumentParser) -> None:
@@ -61,9 +61,50 @@ def _client(args: argparse.Namespace):
     return PolarClient(args.broker, args.sessions)
 
 
-def submit(args: argparse.Namespace) -> int:
+def unreachable(args: argparse.Namespace, command: str) -> str | None:
+    """One line when the Redis this command needs does not answer, checked with one quick ping: the client's
+    own calls ride out a Redis restart for a minute, then end in a traceback."""
+    import redis
+
+    from workers.batches import connect
+
     try:
+        url, names = (args.sessions or sessions_url(args.broker), "--sessions/POLAR_SESSIONS") \
+            if command.startswith("policy") else (args.broker, "--broker/POLAR_BROKER")
+        connect(url, retry_s=2).ping()
+    except ValueError as e:
+        return f"polar {command}: {e}"
+    except redis.RedisError as e:
+        return f"polar {command}: cannot reach Redis at {url} ({names}): {' '.join(str(e).split())[:200]}"
+    return None
+
+
+def _checked(command):
+    """The command, after its Redis answered (else one line, exit 2)."""
+    def run(args: argparse.Namespace) -> int:
+        name = args.command + (f" {args.action}" if args.command in ("policy", "node") else "")
+        if (problem := unreachable(args, name)) is not None:
+            print(problem, file=sys.stderr)
+            return 2
+        return command(args)
+    return run
+
+
+def submit(args: argparse.Namespace) -> int:
+    from polar.tasks.spec import load_tasks
+
+    try:  # the user's own inputs first, then the connection
+        if not 1 <= args.group_size <= 999:
+            raise ValueError(f"--group-size {args.group_size}: expected 1-999")
+        load_tasks(args.tasks)
         sampling = sampling_from_args(args)
+    except (ValueError, OSError) as e:
+        print(f"polar submit: {e}", file=sys.stderr)
+        return 2
+    if (problem := unreachable(args, "submit")) is not None:
+        print(problem, file=sys.stderr)
+        return 2
+    try:
         client = _client(args)
         batch = client.submit(args.tasks, args.group_size, args.min_groups, args.adapter, args.out,
                               args.max_staleness, sampling=sampling)

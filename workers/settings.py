@@ -5,7 +5,7 @@
   POLAR_ENGINE_URL    inference engine (SGLang/vLLM/polar serve)   http://127.0.0.1:30000
                       several replicas: comma-separated URLs (each session sticks to one)
   POLAR_ENGINE        its token API: sglang | vllm        sglang
-  POLAR_MODEL_DIR     tokenizer + chat template           fixtures/tiny-qwen2
+  POLAR_MODEL_DIR     tokenizer + chat template           fixtures/tiny-qwen2, and required with POLAR_ENGINE_URL
   POLAR_RUNTIME       sandbox runtime                      auto
                       `local` (the harness on the host filesystem, its own results within reach) is refused
                       unless the node opts in with POLAR_ALLOW_LOCAL=1
@@ -106,6 +106,10 @@ def load_settings(env: Mapping[str, str] | None = None) -> WorkerSettings:
         engine_urls = parse_backends(env.get("POLAR_ENGINE_URL", "http://127.0.0.1:30000"))
     except ValueError as e:
         raise ValueError(f"POLAR_ENGINE_URL: {e}") from e
+    # No silent default model: a user's engine recorded with the tiny model's token ids would train on garbage.
+    if env.get("POLAR_ENGINE_URL") and not env.get("POLAR_MODEL_DIR"):
+        raise ValueError("POLAR_ENGINE_URL needs POLAR_MODEL_DIR: the tokenizer and chat template of the model "
+                         "that engine serves")
     runtime = check_runtime(env.get("POLAR_RUNTIME", "auto"), env.get("POLAR_ALLOW_LOCAL", ""))
     retries = env.get("POLAR_INFRA_RETRIES", "2")
     if not retries.isdigit():

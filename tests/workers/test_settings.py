@@ -34,6 +34,7 @@ def test_sessions_beside_the_broker(broker, sessions):
     ({"POLAR_WAY_IN": "ws"}, "POLAR_WAY_IN"),
     ({"POLAR_INFRA_RETRIES": "two"}, "POLAR_INFRA_RETRIES"),
     ({"POLAR_NODE": "bad node"}, "POLAR_NODE"),
+    ({"POLAR_ENGINE_URL": "http://10.0.0.2:30000"}, "POLAR_MODEL_DIR"),
 ])
 def test_bad_settings_name_the_variable(env, message):
     with pytest.raises(ValueError, match=message):
