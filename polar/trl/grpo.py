@@ -130,6 +130,7 @@ def train(client: Any, engines: list[str], tasks: list[dict[str, Any]], out: Pat
     sync = FenceWeightTransfer(client, engines, config.model, out / "weights", version=int(served[0]))
     sync.init_weight_transfer()
     rollouts.update_model_version(sync.version)
+    rollouts.check_health()
     loop = PolarLoop(rollouts, sync, on_step)
     args = GRPOConfig(
         output_dir=str(out / "trainer"), per_device_train_batch_size=n * g, num_generations=g,

@@ -77,9 +77,9 @@ def row_from_record(rec: dict[str, Any]) -> Row:
     """A trajectory-table row (DESIGN.md §4) as a Row."""
     meta = json.loads(rec.get("metadata") or "{}")
     reward, advantage = rec.get("reward"), rec.get("advantage")
-    return Row(str(rec["trajectory_id"]), str(rec["task_id"]), str(rec["group_id"]), [int(t) for t in rec["prompt_ids"]],
-               [int(t) for t in rec["response_ids"]], [int(m) for m in rec["loss_mask"]],
-               [float(x) for x in rec["logprobs"]],
+    return Row(str(rec["trajectory_id"]), str(rec["task_id"]), str(rec["group_id"]),
+               [int(t) for t in rec["prompt_ids"]], [int(t) for t in rec["response_ids"]],
+               [int(m) for m in rec["loss_mask"]], [float(x) for x in rec["logprobs"]],
                None if reward is None or reward != reward else float(reward),
                None if advantage is None or advantage != advantage else float(advantage),
                float(rec["weight"]), _version(rec.get("policy_version_min")),
@@ -99,6 +99,12 @@ class PolarRollouts:
         """The version the engines now serve (TRL's rollout-worker protocol has the same method)."""
         self.model_version = model_version
 
+    def check_health(self, stale_after_s: float = 0.0) -> None:
+        """RuntimeError when no rollout node is alive (TRL's rollout-worker protocol has the same method)."""
+        nodes = self.client.nodes()
+        if not any(n.state == "alive" for n in nodes):
+            raise RuntimeError("no rollout node is alive: " + ("; ".join(n.line() for n in nodes) or "none ever beat"))
+
     def too_old(self, row: Row) -> bool:
         limit, first = self.config.max_staleness, row.policy_version_min
         return limit is not None and first is not None and self.model_version - first > limit
@@ -117,7 +123,11 @@ class PolarRollouts:
                                    out=self.config.out, max_staleness=self.config.max_staleness,
                                    sampling=self.config.sampling)
         self.submitted += 1
-        batch.wait(timeout=self.config.timeout_s, poll_s=0.2)
+        try:
+            batch.wait(timeout=self.config.timeout_s, poll_s=0.2)
+        except TimeoutError:
+            batch.cancel()  # its samples would otherwise keep the nodes busy past this step
+            raise
         records = batch.trajectories().to_dict("records")
         by_task: dict[str, list[Row]] = {}
         for rec in records:
@@ -133,9 +143,9 @@ class PolarRollouts:
         """A `rollout_func(prompts, trainer)` for trl.GRPOTrainer: its prompts are task ids, each repeated
         num_generations times in a row (TRL's sampler). Returns one completion per prompt, in order: the
         response ids, `env_mask` = the loss mask, the recorded logprobs, and Polar's reward and advantage as
-        extra fields (for a reward function). A masked (weight 0) or stale row keeps its place with an all-zero env_mask
-        and reward None, which TRL leaves out of the group baseline and gives advantage 0. `on_rollouts(step,
-        trainer)` sees each step's rollouts first (fidelity checks, progress)."""
+        extra fields (for a reward function). A masked (weight 0) or stale row keeps its place with an
+        all-zero env_mask and reward None, which TRL leaves out of the group baseline and gives advantage 0.
+        `on_rollouts(step, trainer)` sees each step's rollouts first (fidelity checks, progress)."""
         def rollout_func(prompts: list[Any], trainer: Any) -> dict[str, list]:
             g = self.config.group_size
             task_ids = [str(p) for p in prompts[::g]]
