@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+from importlib.metadata import PackageNotFoundError, version
 
 # subcommand -> module exposing register(subparsers); modules import heavy deps only when run.
 SUBCOMMANDS = {
@@ -18,10 +20,18 @@ SUBCOMMANDS = {
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="polar", description="Polar: any coding agent as a token-exact RL environment.")
+    parser.add_argument("--version", action="version", version=f"polar {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     for module_name in SUBCOMMANDS.values():
         importlib.import_module(module_name).register(sub)
     return parser
+
+
+def _version() -> str:
+    try:
+        return version("polar")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown (not installed)"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,6 +40,9 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `polar traj stats | head`: the reader left; say nothing, as cat does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the flush at exit must not fail again
+        return 141  # 128 + SIGPIPE, what a shell reports for a pipe's writer
 
 
 if __name__ == "__main__":

@@ -12,10 +12,13 @@ from polar_mitm.launch import die_with_parent
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("proxy", help="run the recording proxy (mitmproxy + Polar addon)")
-    p.add_argument("--tokenizer", default="fixtures/tiny-qwen2", help="model dir with tokenizer and chat template")
+    p = sub.add_parser("proxy", help="run the recording proxy (mitmproxy + Polar addon)", description=DESCRIPTION,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tokenizer", help="required: the model directory (tokenizer.json + chat template, or a .gguf "
+                                       "in one) of the model the engine serves; token ids are recorded with it")
     p.add_argument("--backend", default="http://127.0.0.1:30000",
-                   help="inference server URL; several replicas comma-separated (each session sticks to one)")
+                   help="inference server URL; several replicas comma-separated (each session sticks to one; "
+                        "default: %(default)s)")
     p.add_argument("--placement", default="least_loaded", choices=["least_loaded", "round_robin"],
                    help="where a new session goes when there are several replicas (default: %(default)s)")
     p.add_argument("--engine", default="sglang", choices=["sglang", "vllm"])
@@ -31,12 +34,47 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+DESCRIPTION = """Run the recording proxy: mitmproxy with Polar's addon on two listeners (127.0.0.1).
+
+  HTTPS_PROXY listener (--proxy-port)  harnesses that honour HTTPS_PROXY and trust the proxy's CA
+  base-URL listener (--base-url-port)  harnesses pointed at it by *_BASE_URL, the session token as API key
+
+Every LLM call is tokenized with --tokenizer, sent to the engine's token API (--backend, --engine) and
+recorded as one CallRecord line in CAPTURE_DIR/<task>/<session>.jsonl. The CA is CONFDIR/mitmproxy-ca-cert.pem;
+the proxy prints it and the environment a harness needs once it listens.
+
+example:
+  polar serve --model fixtures/tiny-qwen2 --port 30000 &
+  polar proxy --tokenizer fixtures/tiny-qwen2 --backend http://127.0.0.1:30000 --capture-dir captures
+"""
+
+
+def tokenizer_problem(path: str | Path) -> str | None:
+    """Why `path` cannot be a model directory for the proxy, checked before anything starts; None when it can."""
+    p = Path(path).expanduser()
+    if not p.exists():
+        return f"{p} does not exist"
+    if p.is_file():
+        return None if p.suffix == ".gguf" else f"{p} is a file, not a model directory (or a .gguf file)"
+    if (p / "tokenizer.json").is_file() or (p / "tokenizer_config.json").is_file() or any(p.glob("*.gguf")):
+        return None
+    return f"{p} has no tokenizer.json, tokenizer_config.json or .gguf file"
+
+
 def proxy_modes(host: str, proxy_port: int, base_url_port: int, backend: str) -> list[str]:
     # mitmproxy needs a reverse target; Polar never forwards to it (polar_mitm/egress.py). The first engine.
     return [f"regular@{host}:{proxy_port}", f"reverse:{parse_backends(backend)[0]}@{host}:{base_url_port}"]
 
 
 def run(args: argparse.Namespace) -> int:
+    # No silent default: ids recorded with another model's tokenizer would be wrong for every call.
+    if not args.tokenizer:
+        print("polar proxy: --tokenizer DIR is required: the model directory of the model the engine serves "
+              "(fixtures/tiny-qwen2 for `polar serve`'s default)", file=sys.stderr)
+        return 2
+    if (problem := tokenizer_problem(args.tokenizer)) is not None:
+        print(f"polar proxy: --tokenizer: {problem}", file=sys.stderr)
+        return 2
     die_with_parent()  # started by a worker or `polar run`: go when it goes
     confdir = Path(args.confdir).expanduser()
     confdir.mkdir(parents=True, exist_ok=True)

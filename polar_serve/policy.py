@@ -292,8 +292,10 @@ def load_policy(path: str | Path) -> Policy:
     with open(path, encoding="utf-8") as f:
         try:
             data = yaml.safe_load(f)
-        except yaml.YAMLError as e:
-            raise ValueError(f"{path}: not valid YAML: {e}") from e
+        except yaml.YAMLError as e:  # one line: FILE:LINE: problem
+            mark = getattr(e, "problem_mark", None)
+            raise ValueError(f"{path}:{mark.line + 1 if mark else 1}: not valid YAML: "
+                             f"{getattr(e, 'problem', None) or e}") from e
     try:
         return parse_policy(data)
     except ValueError as e:

@@ -55,8 +55,12 @@ def _guarded(command: Callable[[argparse.Namespace], int]) -> Callable[[argparse
     def run(args: argparse.Namespace) -> int:
         try:
             return command(args)
-        except (ValueError, FileNotFoundError) as e:
-            print(f"polar traj {args.traj_command}: error: {e}", file=sys.stderr)
+        except (ValueError, OSError) as e:
+            message = " ".join(str(e).split())[:400]
+            source = getattr(args, "file", None) or args.capture_dir  # pyarrow's errors do not name the file
+            if source not in message:
+                message = f"{source}: {message}"
+            print(f"polar traj {args.traj_command}: error: {message}", file=sys.stderr)
             return 2
     return run
 
@@ -74,12 +78,17 @@ def cmd_build(args: argparse.Namespace) -> int:
     from .build import BuildConfig
     from .outcomes import AdvantageConfig, load_outcomes
     from .pipeline import Selection, build_parquet
+    from .reading import scan
 
+    outcomes = load_outcomes(args.rewards) if args.rewards else None
+    if not scan(args.capture_dir, args.task, args.session):  # an empty table would look like a finished build
+        only = "".join(f" {flag} {v}" for flag, v in (("--task", args.task), ("--session", args.session)) if v)
+        raise ValueError(f"no capture files (TASK/SESSION.jsonl) in {args.capture_dir}{only}: nothing written")
     result = build_parquet(
         Selection(args.capture_dir, args.task, args.session, strict=not args.skip_invalid),
         args.output,
         BuildConfig(args.strategy, args.missing_logprobs, keep_conversation=not args.no_conversation),
-        load_outcomes(args.rewards) if args.rewards else None,
+        outcomes,
         AdvantageConfig(std_scale=args.std_scale, leave_one_out=args.leave_one_out, weight=args.weight),
         progress=_progress(not args.no_progress),
     )

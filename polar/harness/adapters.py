@@ -100,8 +100,10 @@ def load_adapter(name_or_path: str | Path, adapters_dir: Path = ADAPTERS_DIR) ->
         raise AdapterError(f"{path}: no such adapter (available: {', '.join(available(adapters_dir)) or 'none'})")
     try:
         data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise AdapterError(f"{path}: not valid YAML: {e}") from e
+    except yaml.YAMLError as e:  # one line, as task files say it: FILE:LINE: problem
+        mark = getattr(e, "problem_mark", None)
+        raise AdapterError(f"{path}:{mark.line + 1 if mark else 1}: not valid YAML: "
+                           f"{getattr(e, 'problem', None) or e}") from e
     return parse_adapter(data, str(path))
 
 

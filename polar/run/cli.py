@@ -15,6 +15,7 @@ from polar.run.services import ROOT, ProxyHandle, ServiceError, running_proxy
 from polar.run.session import EngineConfig, RunConfig, run_session
 from polar.sandbox.runtime import RUNTIMES, SandboxError, names_oci_image, resolve_runtime
 from polar.tasks.spec import TaskError, load_tasks, select_task
+from polar_mitm.cli import tokenizer_problem
 from polar_mitm.sampling import FIXABLE, add_sampling_args, sampling_from_args
 
 DEFAULT_MODEL = ROOT / "fixtures" / "tiny-qwen2"
@@ -35,7 +36,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     engine.add_argument("--backend", help="use this inference server (SGLang/vLLM/polar serve URL; several replicas "
                         "comma-separated)")
     p.add_argument("--engine", default="sglang", choices=["sglang", "vllm"], help="token API of --backend")
-    p.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="model dir: tokenizer + chat template")
+    p.add_argument("--model", type=Path, help="model dir: tokenizer + chat template; required with --backend "
+                   "(default with the reference server started here: fixtures/tiny-qwen2)")
     p.add_argument("--model-name", help="model name the harness asks for (default: the adapter's)")
     p.add_argument("--context-length", type=int, default=65536,
                    help="context of the reference server started here (harness prompts are long; 0 = model's)")
@@ -72,8 +74,28 @@ def reused_proxy(args: argparse.Namespace) -> ProxyHandle | None:
 
 
 def _engine(args: argparse.Namespace) -> EngineConfig:
-    return EngineConfig(args.model.resolve(), args.backend, args.engine,
+    """The engine settings, checked before anything starts; ValueError naming the flag that is wrong."""
+    if args.model is None and args.backend:  # never record a user's engine with the tiny model's ids
+        raise ValueError("--backend needs --model DIR: the tokenizer and chat template of the model that engine "
+                         "serves (fixtures/tiny-qwen2 is the default only for the reference server started here)")
+    model = args.model or DEFAULT_MODEL
+    if (problem := tokenizer_problem(model)) is not None:
+        raise ValueError(f"--model: {problem}")
+    if args.policy is not None:
+        _check_policy(args.policy)
+    return EngineConfig(model.resolve(), args.backend, args.engine,
                         args.policy.resolve() if args.policy else None, args.context_length)
+
+
+def _check_policy(path: Path) -> None:
+    from polar_serve.policy import load_policy
+
+    if not path.is_file():
+        raise ValueError(f"--policy {path}: no such file")
+    try:
+        load_policy(path)
+    except ValueError as e:
+        raise ValueError(f"--policy {' '.join(str(e).split())}"[:300]) from e
 
 
 def run(args: argparse.Namespace) -> int:
@@ -88,6 +110,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         spec = load_adapter(args.adapter)
         proxy = reused_proxy(args)
+        engine = _engine(args)
+        if args.workdir is not None and not args.workdir.is_dir():
+            raise ValueError(f"--workdir {args.workdir}: no such directory")
     except (AdapterError, ValueError) as e:
         print(f"polar run: {e}", file=sys.stderr)
         return 2
@@ -95,7 +120,6 @@ def run(args: argparse.Namespace) -> int:
     cfg = RunConfig(spec, args.instruction, out.resolve(), args.via, args.runtime, args.timeout, args.model_name,
                     args.workdir.resolve() if args.workdir else None, args.task_id or "local",
                     confdir=args.confdir.expanduser())
-    engine = _engine(args)
     try:
         result = run_session(cfg, engine, proxy)
     except (ServiceError, SandboxError, ValueError, OSError) as e:
@@ -134,6 +158,8 @@ def run_task(args: argparse.Namespace) -> int:
         sampling = sampling_from_args(args)
         if sampling and proxy is not None and proxy.sessions == "open":
             raise ValueError("fixed sampling needs the reused proxy's sessions in Redis (--sessions redis://…)")
+        engine = _engine(args)
+        _check_image(task.image, "--image" if args.image else f"task {task.task_id}: image")
     except (TaskError, AdapterError, ValueError) as e:
         print(f"polar run: {e}", file=sys.stderr)
         return 2
@@ -141,7 +167,6 @@ def run_task(args: argparse.Namespace) -> int:
     out = (args.out or Path("runs") / f"{task.task_id}-{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     cfg = SampleConfig(task, spec, out, sample_id, task.task_id, args.runtime, args.via, args.model_name,
                        confdir=args.confdir.expanduser(), sampling=sampling)
-    engine = _engine(args)
     try:
         result = run_sample(cfg, engine, proxy)
     except (ServiceError, ValueError, OSError) as e:
@@ -159,6 +184,15 @@ def run_task(args: argparse.Namespace) -> int:
     print(f"  trajectories: {result.trajectories or 'none (no LLM call recorded)'}")
     print(f"  sample folder: {out}")
     return 0 if result.status == "completed" else 124 if result.status == "timeout" else 1
+
+
+def _check_image(image: str | None, where: str) -> None:
+    """An image is `host`, an OCI image (the runtime finds it) or a path that must exist here."""
+    if image is None or image == "host" or names_oci_image(image):
+        return
+    if not Path(image).exists():
+        raise ValueError(f"{where} {image}: no such file or directory (a SIF, a sandbox directory, an OCI image "
+                         "name or `host`)")
 
 
 def outcome_summary(result: SampleResult) -> list[str]:

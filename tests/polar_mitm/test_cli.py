@@ -44,7 +44,14 @@ def test_polar_proxy_reports_a_bad_model_dir(tmp_path):
     r = subprocess.run([sys.executable, "-m", "polar.cli", "proxy", "--tokenizer", str(tmp_path / "missing"),
                         "--proxy-port", str(free_port()), "--base-url-port", str(free_port()),
                         "--confdir", str(tmp_path)], capture_output=True, text=True, timeout=60)
-    assert r.returncode != 0 and "polar_tokenizer" in r.stdout + r.stderr and "does not exist" in r.stdout + r.stderr
+    assert r.returncode != 0 and "--tokenizer" in r.stdout + r.stderr and "does not exist" in r.stdout + r.stderr
+
+
+def test_polar_proxy_needs_a_tokenizer(tmp_path):
+    """No silent default model: recording ids with another model's tokenizer would be wrong for every call."""
+    r = subprocess.run([sys.executable, "-m", "polar.cli", "proxy", "--backend", "http://127.0.0.1:9",
+                        "--confdir", str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--tokenizer DIR is required" in r.stderr
 
 
 def test_mitmdump_refuses_bad_options_with_their_name(tmp_path, tiny_model_dir):

@@ -11,6 +11,7 @@ import numpy as np
 from polar.cli import main
 from polar_traj import cli as traj_cli
 from polar_traj.parquet import read
+from polar_traj.pipeline import Selection, build_parquet
 
 
 def test_build_stats_export(capture, write_records, chain_session, tmp_path, capsys):
@@ -82,9 +83,13 @@ def test_progress_bar_on_large_inputs_goes_to_stderr(monkeypatch):
     assert small.getvalue() == ""
 
 
-def test_empty_capture_builds_an_empty_table_that_every_command_takes(capture, tmp_path, capsys):
+def test_empty_capture_is_refused_but_an_empty_table_is_taken(capture, tmp_path, capsys):
+    """An empty capture folder is a wrong path far more often than a finished build: the CLI says so and writes
+    nothing; an empty table (the library still writes one) is taken by every command."""
     out = tmp_path / "empty.parquet"
-    assert main(["traj", "build", str(capture), "-o", str(out)]) == 0
+    assert main(["traj", "build", str(capture), "-o", str(out)]) == 2
+    assert f"no capture files (TASK/SESSION.jsonl) in {capture}" in capsys.readouterr().err and not out.exists()
+    build_parquet(Selection(str(capture)), out)
     assert read(out).num_rows == 0
     assert main(["traj", "stats", str(out)]) == 0
     for fmt in ("slime", "verl", "sft"):

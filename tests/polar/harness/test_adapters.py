@@ -69,8 +69,9 @@ def test_unknown_adapter_lists_the_available_ones():
 def test_bad_yaml_names_the_file(tmp_path):
     f = tmp_path / "broken.yaml"
     f.write_text("name: [unclosed\n")
-    with pytest.raises(AdapterError, match=f"{f}: not valid YAML"):
+    with pytest.raises(AdapterError, match=f"{f}:2: not valid YAML") as e:
         load_adapter(str(f))
+    assert "\n" not in str(e.value)  # one line
 
 
 @pytest.mark.parametrize("data, where, why", [

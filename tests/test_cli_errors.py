@@ -1,0 +1,187 @@
+"""A new user's bad inputs, one table: each case runs the `polar` CLI in a subprocess and must exit non-zero,
+without a traceback, with a short message naming what is wrong (the flag, the file or the setting).
+
+No case starts a sandbox or an engine: Redis and engines are unreachable 127.0.0.1 ports, files are made here.
+`python tests/test_cli_errors.py` prints clear/not per case (how the closing note of issue 26 was counted)."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(os.environ.get("POLAR_ROOT_UNDER_TEST") or Path(__file__).resolve().parents[1])
+MAX_LINES = 3
+CASE_TIMEOUT_S = float(os.environ.get("CASE_TIMEOUT_S", "60"))  # generous for a loaded CI; a clear case takes about a second
+
+
+def dead_port() -> int:
+    """A 127.0.0.1 port nothing listens on (bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+DEAD = f"http://127.0.0.1:{dead_port()}"
+DEAD_REDIS = f"redis://127.0.0.1:{dead_port()}/1"
+TASKS = str(ROOT / "fixtures" / "tasks" / "tasks.yaml")
+POLICY = str(ROOT / "fixtures" / "policies" / "fix-bug.yaml")
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    argv: tuple[str, ...]  # after `polar`; {tmp} is the case's folder of prepared files
+    names: tuple[str, ...]  # each must appear in the message ({tmp} expanded)
+    env: dict[str, str] = field(default_factory=dict)
+    closed_stdout: bool = False  # stdout is a pipe whose reader is gone (`polar … | head`)
+
+
+PORTS = ("--proxy-port", str(dead_port()), "--base-url-port", str(dead_port()), "--confdir", "{tmp}/conf")
+RUN = ("run", "--adapter", "pi", "--instruction", "hi")
+CASES = [
+    # no silent model defaults
+    Case("run-backend-without-model", RUN + ("--backend", DEAD), ("--model",)),
+    Case("run-task-backend-without-model", ("run", "--task", TASKS, "--task-id", "fix-calc", "--adapter", "pi",
+                                            "--backend", DEAD),
+         ("--model",)),
+    Case("proxy-without-tokenizer", ("proxy", "--backend", DEAD, *PORTS), ("--tokenizer",)),
+    Case("run-model-missing", RUN + ("--backend", DEAD, "--model", "{tmp}/nomodel"), ("--model", "{tmp}/nomodel")),
+    Case("run-model-without-tokenizer", RUN + ("--policy", POLICY, "--model", "{tmp}/empty"), ("--model",)),
+    Case("proxy-tokenizer-missing", ("proxy", "--tokenizer", "{tmp}/nomodel", "--backend", DEAD, *PORTS),
+         ("{tmp}/nomodel",)),
+    # polar run: paths and files
+    Case("run-policy-misspelt", RUN + ("--policy", "fixtures/policies/fix-bugg.yaml"), ("--policy", "fix-bugg.yaml")),
+    Case("run-policy-malformed", RUN + ("--policy", "{tmp}/bad.yaml"), ("--policy", "bad.yaml")),
+    Case("run-workdir-missing", RUN + ("--policy", POLICY, "--workdir", "{tmp}/nowhere"), ("--workdir",)),
+    Case("run-adapter-unknown", ("run", "--adapter", "pie", "--instruction", "hi"), ("pie",)),
+    Case("run-adapter-malformed", ("run", "--adapter", "{tmp}/bad.yaml", "--instruction", "hi"), ("bad.yaml",)),
+    Case("run-adapter-incomplete", ("run", "--adapter", "{tmp}/adapter-incomplete.yaml", "--instruction", "hi"),
+         ("adapter-incomplete.yaml",)),
+    Case("run-out-not-empty", RUN + ("--policy", POLICY, "--out", "{tmp}/full"), ("{tmp}/full",)),
+    Case("run-no-instruction", ("run", "--adapter", "pi"), ("--instruction",)),
+    Case("run-task-missing", ("run", "--task", "{tmp}/nowhere.yaml"), ("nowhere.yaml",)),
+    Case("run-task-malformed", ("run", "--task", "{tmp}/bad.yaml"), ("bad.yaml",)),
+    Case("run-task-no-instruction", ("run", "--task", "{tmp}/task-incomplete.yaml"), ("instruction",)),
+    Case("run-task-id-unknown", ("run", "--task", TASKS, "--task-id", "fix-calcc"), ("fix-calcc",)),
+    Case("run-task-evaluator-kind", ("run", "--task", "{tmp}/task-bad-evaluator.yaml"), ("evaluator",)),
+    Case("run-task-image-missing", ("run", "--task", TASKS, "--task-id", "fix-calc", "--adapter", "pi",
+                                    "--policy", POLICY, "--image", "{tmp}/noimage"), ("--image", "{tmp}/noimage")),
+    Case("run-proxy-half", RUN + ("--proxy", DEAD), ("--proxy-base-url",)),
+    # the workers' commands with Redis unreachable
+    Case("submit-redis-down", ("submit", TASKS, "--adapter", "pi", "--broker", DEAD_REDIS), (DEAD_REDIS, "--broker")),
+    Case("status-redis-down", ("status", "--broker", DEAD_REDIS), (DEAD_REDIS, "--broker")),
+    Case("status-batch-redis-down", ("status", "b-1", "--broker", DEAD_REDIS), (DEAD_REDIS, "--broker")),
+    Case("cancel-redis-down", ("cancel", "b-1", "--broker", DEAD_REDIS), (DEAD_REDIS, "--broker")),
+    Case("policy-redis-down", ("policy", "status", "--broker", DEAD_REDIS), ("POLAR_SESSIONS",)),
+    Case("node-redis-down", ("node", "list", "--broker", DEAD_REDIS), (DEAD_REDIS, "--broker")),
+    Case("status-env-broker-down", ("status",), ("POLAR_BROKER", DEAD_REDIS), env={"POLAR_BROKER": DEAD_REDIS}),
+    Case("submit-tasks-missing", ("submit", "{tmp}/nowhere.yaml", "--broker", DEAD_REDIS), ("nowhere.yaml",)),
+    Case("submit-group-size-zero", ("submit", TASKS, "--group-size", "0", "--broker", DEAD_REDIS),
+         ("--group-size",)),
+    # polar traj
+    Case("traj-build-empty", ("traj", "build", "{tmp}/empty", "-o", "{tmp}/out.parquet"), ("{tmp}/empty",)),
+    Case("traj-build-missing", ("traj", "build", "{tmp}/nowhere", "-o", "{tmp}/out.parquet"), ("{tmp}/nowhere",)),
+    Case("traj-stats-missing", ("traj", "stats", "{tmp}/nowhere.parquet"), ("nowhere.parquet",)),
+    Case("traj-stats-not-parquet", ("traj", "stats", "{tmp}/bad.yaml"), ("bad.yaml",)),
+    Case("traj-export-missing", ("traj", "export", "{tmp}/nowhere.parquet", "--format", "sft", "-o", "{tmp}/o"),
+         ("nowhere.parquet",)),
+    Case("traj-stats-closed-stdout", ("traj", "stats", "{tmp}/good.parquet"), (), closed_stdout=True),
+    # others
+    Case("report-missing", ("report", "{tmp}/nowhere"), ("{tmp}/nowhere",)),
+    Case("serve-model-missing", ("serve", "--model", "{tmp}/nomodel", "--port", str(dead_port())),
+         ("{tmp}/nomodel",)),
+]
+
+
+def prepare(tmp: Path) -> None:
+    """The files the cases point at."""
+    (tmp / "empty").mkdir()
+    (tmp / "full").mkdir()
+    (tmp / "full" / "x").write_text("x")
+    (tmp / "bad.yaml").write_text("name: [unclosed\n")
+    (tmp / "adapter-incomplete.yaml").write_text("name: mine\n")
+    (tmp / "task-incomplete.yaml").write_text("task_id: t1\nworkspace: .\nimage: host\n"
+                                               "evaluator: {command: 'true'}\n")
+    (tmp / "task-bad-evaluator.yaml").write_text("task_id: t1\ninstruction: hi\nworkspace: .\nimage: host\n"
+                                                  "evaluator: {kind: magic}\n")
+    from polar_traj.pipeline import Selection, build_parquet
+    from polar_traj.records import CallRecord, append_record
+
+    for n in range(3):
+        append_record(tmp / "caps", CallRecord(
+            call_id=f"c{n}", task_id="t", session_id=f"s{n}", api="openai_chat", model="m", stream=False,
+            started_at=1.0, ended_at=2.0, latency_ms=1.0, policy_version=1, prompt_ids=(1, 2), output_ids=(3,),
+            output_logprobs=(-0.5,), finish_reason="stop", prefix_source="rendered", parent_call_id=None,
+            request={"messages": [{"role": "user", "content": "hi"}]}, response=None, error=None))
+    build_parquet(Selection(str(tmp / "caps")), str(tmp / "good.parquet"))
+
+
+def environment(extra: dict[str, str]) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("POLAR_")}
+    return {**env, "HF_HUB_OFFLINE": "1", "POLAR_BROKER": DEAD_REDIS, **extra}
+
+
+def problem(case: Case, tmp: Path) -> str | None:
+    """None when the case is clear; else what is wrong with its answer."""
+    argv = [sys.executable, "-m", "polar.cli", *(a.replace("{tmp}", str(tmp)) for a in case.argv)]
+    stdout: int = subprocess.PIPE
+    if case.closed_stdout:
+        read_end, stdout = os.pipe()
+        os.close(read_end)
+    start = time.monotonic()
+    try:
+        r = subprocess.run(argv, stdout=stdout, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                           env=environment(case.env), timeout=CASE_TIMEOUT_S, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return f"no answer within {CASE_TIMEOUT_S:g}s"
+    finally:
+        if case.closed_stdout:
+            os.close(stdout)
+    took = time.monotonic() - start
+    err = r.stderr.strip()
+    lines = [line for line in err.splitlines() if line.strip()]
+    if r.returncode == 0:
+        return f"exit 0 after {took:.1f}s; stderr: {err[-300:]!r}"
+    if "Traceback" in err:
+        return f"traceback ({len(lines)} lines): {lines[-1][:200] if lines else ''}"
+    if len(lines) > MAX_LINES:
+        return f"{len(lines)} lines: {err[-300:]!r}"
+    missing = [n.replace("{tmp}", str(tmp)) for n in case.names if n.replace("{tmp}", str(tmp)) not in err]
+    if missing:
+        return f"does not name {missing}: {err[-300:]!r}"
+    return None
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("bad-inputs")
+    prepare(tmp)
+    return tmp
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_bad_input_is_one_clear_line(case: Case, files: Path) -> None:
+    assert problem(case, files) is None
+
+
+def test_table_is_large_enough() -> None:
+    assert len(CASES) >= 30 and len({c.name for c in CASES}) == len(CASES)
+
+
+if __name__ == "__main__":
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        prepare(Path(d))
+        clear = 0
+        for case in CASES:
+            why = problem(case, Path(d))
+            clear += why is None
+            print(f"{'clear' if why is None else 'NOT  '} {case.name}" + (f": {why}" if why else ""), flush=True)
+        print(f"{clear}/{len(CASES)} clear")
