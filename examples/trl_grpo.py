@@ -30,6 +30,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--group-size", type=int, default=4)
     p.add_argument("--lr", type=float, default=3e-2)
     p.add_argument("--max-tokens", type=int, default=16)
+    p.add_argument("--overlap", action="store_true",
+                   help="submit the next step's batch before training this one (its rows one version stale)")
     p.add_argument("--concurrency", type=int, default=2, help="the worker node's samples at once")
     p.add_argument("--out", type=Path, default=ROOT / "runs" / f"trl-grpo-{time.strftime('%Y%m%d-%H%M%S')}")
     args = p.parse_args(argv)
@@ -38,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     from polar.trl.grpo import TrainConfig, run_local, summarize, summary_line
 
     config = TrainConfig(ROOT / "fixtures" / "tiny-qwen2", args.steps, args.groups, args.group_size, args.lr,
-                         args.max_tokens)
+                         args.max_tokens, overlap=args.overlap)
     t0 = time.monotonic()
     print(f"== {args.steps} steps x {args.groups} groups x {args.group_size} samples, out {args.out}", flush=True)
     reports = run_local(args.out, config, args.concurrency, on_step=lambda r: print(r.line(), flush=True))

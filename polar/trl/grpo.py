@@ -30,6 +30,7 @@ class TrainConfig:
     learning_rate: float = 3e-2  # high: a random 2-layer model, few samples per step
     max_tokens: int = 16
     seed: int = 0
+    overlap: bool = False  # rollouts of step k+1 run while step k trains (RolloutConfig.overlap)
 
 
 @dataclass
@@ -123,7 +124,8 @@ def train(client: Any, engines: list[str], tasks: list[dict[str, Any]], out: Pat
 
     g, n = config.group_size, config.groups_per_step
     rollouts = PolarRollouts(client, tasks, RolloutConfig(
-        group_size=g, out=out / "batches", sampling={"temperature": 1.0, "max_tokens": config.max_tokens}))
+        group_size=g, out=out / "batches", sampling={"temperature": 1.0, "max_tokens": config.max_tokens},
+        overlap=config.overlap))
     served = engine_versions(engines)
     if len(set(served)) != 1 or not served[0].isdigit():
         raise ValueError(f"the engines must serve one numeric weight version to start from, got {served}")
@@ -144,7 +146,10 @@ def train(client: Any, engines: list[str], tasks: list[dict[str, Any]], out: Pat
         processing_class=AutoTokenizer.from_pretrained(str(config.model)),
         rollout_func=rollouts.trl_rollout_func(loop.on_rollouts), callbacks=[loop.callback])
     trainer.remove_callback(PrinterCallback)  # its dict per step; StepReport.line() says what matters here
-    trainer.train()
+    try:
+        trainer.train()
+    finally:
+        rollouts.stop()
     return loop.reports
 
 

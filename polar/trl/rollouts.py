@@ -27,6 +27,9 @@ class RolloutConfig:
     # Polar marks rows whose own calls span more than this many versions: metadata.stale); None: no limit
     max_staleness: int | None = None
     timeout_s: float = 600.0
+    # submit the next step's batch as soon as this one is collected, so it runs while the trainer trains and
+    # syncs (its rows are then mostly one version behind: off-policy for a trainer without a correction)
+    overlap: bool = False
 
 
 @dataclass(frozen=True)
@@ -94,6 +97,13 @@ class PolarRollouts:
         self.tasks = {t["task_id"]: t for t in tasks}
         self.submitted = 0  # batches so far (names their task files)
         self.model_version = 0  # the trainer's policy version, for max_staleness
+        self._ahead: tuple[list[str], Any] | None = None  # overlap: (task ids, batch) submitted for next step
+
+    def stop(self) -> None:
+        """Cancel the batch submitted ahead, if any (the end of training)."""
+        if self._ahead is not None:
+            self._ahead[1].cancel()
+            self._ahead = None
 
     def update_model_version(self, model_version: int) -> None:
         """The version the engines now serve (TRL's rollout-worker protocol has the same method)."""
@@ -115,14 +125,22 @@ class PolarRollouts:
         path.write_text(yaml.safe_dump({"tasks": [self.tasks[t] for t in task_ids]}, sort_keys=False))
         return path
 
-    def collect(self, task_ids: list[str]) -> StepRollouts:
-        """Run one group per task id and return every row once, grouped in that order; KeyError for an unknown
-        task, TimeoutError when the batch does not finish in `timeout_s`."""
-        t0 = time.monotonic()
+    def _submit(self, task_ids: list[str]) -> Any:
         batch = self.client.submit(self._tasks_file(task_ids), group_size=self.config.group_size,
                                    out=self.config.out, max_staleness=self.config.max_staleness,
                                    sampling=self.config.sampling)
         self.submitted += 1
+        return batch
+
+    def collect(self, task_ids: list[str]) -> StepRollouts:
+        """Run one group per task id and return every row once, grouped in that order; KeyError for an unknown
+        task, TimeoutError when the batch does not finish in `timeout_s`. With `overlap`, the batch submitted
+        ahead for these task ids is used, and the next one goes out before this returns."""
+        t0 = time.monotonic()
+        ahead, self._ahead = self._ahead, None
+        batch = ahead[1] if ahead is not None and ahead[0] == task_ids else self._submit(task_ids)
+        if ahead is not None and ahead[1] is not batch:
+            ahead[1].cancel()
         try:
             batch.wait(timeout=self.config.timeout_s, poll_s=0.2)
         except TimeoutError:
@@ -136,6 +154,8 @@ class PolarRollouts:
                 row = replace(row, stale=True)
             by_task.setdefault(row.task_id, []).append(row)
         rows = [r for t in task_ids for r in sorted(by_task.get(t, []), key=lambda r: r.trajectory_id)]
+        if self.config.overlap:
+            self._ahead = (list(task_ids), self._submit(task_ids))
         return StepRollouts(batch.batch_id, rows, time.monotonic() - t0)
 
     def trl_rollout_func(self, on_rollouts: Callable[[StepRollouts, Any], None] | None = None

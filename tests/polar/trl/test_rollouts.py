@@ -48,3 +48,48 @@ def test_rows_too_old_for_the_trainer_are_not_trained(tmp_path):
 
     out = trl_fields(StepRollouts("b", [replace(old, stale=True), recent], 1.0), ["t"], 2)
     assert out["env_mask"] == [[0, 0, 0], [1, 0, 1]] and out["polar_reward"] == [None, 0.5]
+
+
+class FakeBatch:
+    def __init__(self, n: int, task_ids: list[str]) -> None:
+        self.batch_id, self.task_ids, self.cancelled = f"b{n}", task_ids, False
+
+    def wait(self, timeout: float, poll_s: float) -> None:
+        pass
+
+    def cancel(self) -> bool:
+        self.cancelled = True
+        return True
+
+    def trajectories(self):
+        import pandas as pd
+
+        return pd.DataFrame([record(f"{self.batch_id}.{t}", t, 0.5) for t in self.task_ids])
+
+
+class FakeClient:
+    """PolarClient's outer edge: submit() hands out batches that are already finished."""
+
+    def __init__(self) -> None:
+        self.batches: list[FakeBatch] = []
+
+    def submit(self, tasks_file, **kwargs) -> FakeBatch:
+        import yaml
+
+        ids = [t["task_id"] for t in yaml.safe_load(open(tasks_file))["tasks"]]
+        self.batches.append(FakeBatch(len(self.batches), ids))
+        return self.batches[-1]
+
+
+def test_overlap_submits_the_next_batch_ahead(tmp_path):
+    from polar.trl.rollouts import PolarRollouts, RolloutConfig
+
+    client = FakeClient()
+    tasks = [{"task_id": t} for t in ("a", "b")]
+    rollouts = PolarRollouts(client, tasks, RolloutConfig(group_size=1, out=tmp_path, overlap=True))
+    first = rollouts.collect(["a", "b"])
+    assert first.batch_id == "b0" and len(client.batches) == 2  # b1 already running for the next step
+    assert rollouts.collect(["a", "b"]).batch_id == "b1" and len(client.batches) == 3
+    assert rollouts.collect(["a"]).batch_id == "b3" and client.batches[2].cancelled  # other tasks: not used
+    rollouts.stop()
+    assert client.batches[-1].cancelled
