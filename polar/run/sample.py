@@ -9,7 +9,8 @@ of the same node (the Celery workers do that); `run_sample` runs the four in a r
   run_harness(out)                            the harness, behind socket bridges to the proxy
   evaluate_sample(out)                        the agent's sandbox stopped, then the evaluator on a copy of the
                                               final workspace with the task's tests (skipped after a failure
-                                              or an agent timeout)
+                                              or an agent timeout), once it was seen to produce a reward on
+                                              the untouched workspace (polar/tasks/precheck.py)
   postrun_sample(out) -> SampleResult         trajectories.parquet (atomic), session unregistered, sandbox
                                               stopped, result.json
 None raises for a harness, sandbox or evaluator failure: that becomes status/failure/reason (polar_traj's
@@ -38,6 +39,7 @@ from polar.run.summary import WorkspaceTooLarge, build_trajectories, changed_fil
 from polar.run.state import SampleState, load_state
 from polar.sandbox.runtime import Sandbox, get_runtime, resolve_runtime
 from polar.tasks.evaluate import Evaluation, EvaluatorCrash, evaluate
+from polar.tasks.precheck import check_verifier
 from polar.tasks.spec import TaskSpec
 from polar.tasks.verify import prepare_verify
 from polar_traj import atomic
@@ -192,6 +194,12 @@ def _verify(state: SampleState, out: Path) -> None:
     summary = {"sample_id": state.sample_id, "group_id": state.group_id, "adapter": state.adapter,
                "exit_code": state.exit_code, "timed_out": state.timed_out, "task_id": state.task.task_id,
                "files_changed": changed_files(before, after)}
+    problem = check_verifier(state.task, state.runtime, out / "verifier-check")
+    if problem is not None:  # the reward below would be a default 0, not the workspace's score
+        state.evaluation = {"reward": None, "output": problem.output, "detail": problem.reason}
+        state.fail("evaluator", f"the task's verifier produces no reward on the untouched workspace: "
+                                f"{problem.reason}")
+        return
     ground = prepare_verify(state.task, out, before, after)
     state.tampered = list(ground.tampered)
     sandbox = get_runtime(state.runtime).prepare(

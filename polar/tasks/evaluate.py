@@ -52,6 +52,7 @@ class Evaluation:
     reward: float
     output: str  # what the evaluator printed (stdout then stderr), or a description of the check
     exit_code: int | None = None
+    unscored: str | None = None  # why the reward is a default 0: the verifier gave none (polar/tasks/precheck.py)
 
 
 def evaluate(spec: EvaluatorSpec, sandbox: Sandbox, mounts: Mounts, out: Path, summary: dict[str, Any],
@@ -88,15 +89,15 @@ def _command(spec: EvaluatorSpec, sandbox: Sandbox, mounts: Mounts, out: Path, t
     if spec.reward == "exit":
         return Evaluation(1.0 if result.exit_code == 0 else 0.0, output, result.exit_code)
     if result.exit_code in (126, 127):  # the workspace broke the scorer (e.g. os._exit(127) on import)
-        return Evaluation(0.0, output + f"\n[polar] the task's command exited {result.exit_code}: reward 0",
-                          result.exit_code)
+        why = f"the task's command exited {result.exit_code}"
+        return Evaluation(0.0, output + f"\n[polar] {why}: reward 0", result.exit_code, why)
     if spec.reward == "stdout":
         lines = [line for line in text.splitlines() if line.strip()]
         return _parsed(lines[-1] if lines else "", "the last line of stdout", output, result.exit_code)
     try:
         text = read_beneath(mounts.workspace, spec.reward_file).decode(errors="replace")
     except AgentFileError as e:
-        return Evaluation(0.0, output + f"\n[polar] {e}: reward 0", result.exit_code)
+        return Evaluation(0.0, output + f"\n[polar] {e}: reward 0", result.exit_code, str(e))
     return _parsed(text.strip(), spec.reward_file, output, result.exit_code)
 
 
@@ -106,7 +107,8 @@ def _parsed(text: str, where: str, output: str, exit_code: int | None) -> Evalua
     try:
         return Evaluation(float(text), output, exit_code)
     except ValueError:
-        return Evaluation(0.0, output + f"\n[polar] {where} is not a number ({text[:100]!r}): reward 0", exit_code)
+        why = f"{where} is not a number ({text[:100]!r})"
+        return Evaluation(0.0, output + f"\n[polar] {why}: reward 0", exit_code, why)
 
 
 def _files(spec: EvaluatorSpec, workspace: Path) -> Evaluation:
@@ -140,7 +142,8 @@ def _python(spec: EvaluatorSpec, mounts: Mounts, out: Path, summary: dict[str, A
     if result.timed_out:
         raise EvaluatorCrash(f"{spec.python} timed out after {timeout_s:g}s", output)
     if result.exit_code == EXIT_RAISED:  # it raised on the agent's files: the workspace's failure
-        return Evaluation(0.0, output + f"\n[polar] {spec.python} raised on the workspace: reward 0", EXIT_RAISED)
+        why = f"{spec.python} raised on the workspace"
+        return Evaluation(0.0, output + f"\n[polar] {why}: reward 0", EXIT_RAISED, why)
     if result.exit_code != 0 or not result_file.is_file():
         last = output.strip().splitlines()[-1] if output.strip() else f"exit {result.exit_code}"
         raise EvaluatorCrash(f"{spec.python} failed: {last}", output)

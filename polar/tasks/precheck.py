@@ -1,0 +1,99 @@
+"""The verifier is checked before it is trusted: once per task, image and runtime in a process, the task's
+evaluator runs on the untouched workspace, in a verify sandbox built as for a sample (polar/tasks/verify.py).
+
+An untouched workspace usually scores 0 (the bug is not fixed yet): that is fine, a reward was produced. A
+verifier that cannot produce one at all is not: its tool missing (`/usr/bin/python3: No module named pytest`),
+its command not runnable (exit 126/127) or killed by a signal, no number where the reward should be, a python
+verifier that cannot be imported, returns no number or raises on the task's own files. Then every sample of the
+task is an infrastructure error carrying that output (polar/run/sample.py), never a trainable 0.
+"""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import tarfile
+import threading
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from polar.sandbox.runtime import get_runtime
+from polar.tasks.evaluate import Evaluation, EvaluatorCrash, evaluate
+from polar.tasks.spec import TaskSpec
+from polar.tasks.verify import prepare_verify
+
+# `python -m TOOL` without TOOL, or a script that is not there: the verifier's environment, not the workspace.
+MISSING_TOOL = re.compile(r"^\S*python[\w.]*: (No module named \S+|can't open file .*)$", re.M)
+
+
+@dataclass(frozen=True)
+class VerifierProblem:
+    reason: str  # one line: what is wrong with the verifier
+    output: str  # what it printed on the untouched workspace
+
+
+# Per process: a task's verifier is checked once (a node's worker processes each check it once).
+_checked: dict[str, VerifierProblem | None] = {}
+_lock = threading.Lock()
+
+
+def check_verifier(task: TaskSpec, runtime: str, scratch: Path) -> VerifierProblem | None:
+    """None when the task's verifier produced a reward on the untouched workspace (cached); `scratch` is a folder
+    this check may fill and remove. Raises what the sandbox raises (a missing image): that is not cached."""
+    if task.evaluator.kind == "files":  # compared on the host: it always yields a reward
+        return None
+    key = json.dumps([task.task_id, str(task.workspace), str(task.tests), task.image, runtime,
+                      task.evaluator.to_dict()], sort_keys=True)
+    with _lock:
+        if key in _checked:
+            return _checked[key]
+    problem = _run_check(task, runtime, scratch)
+    with _lock:
+        _checked[key] = problem
+    return problem
+
+
+def unscorable(result: Evaluation) -> str | None:
+    """Why `result`, on the untouched workspace, is no reward at all; None when it is one (0 included)."""
+    if result.unscored:
+        return result.unscored
+    if result.exit_code in (126, 127):  # `reward: exit` scores it 0: on the task's own files it is the verifier's
+        return f"the task's command exited {result.exit_code} (not found or not runnable)"
+    if result.exit_code is not None and result.exit_code > 128:
+        return f"the task's command was killed by signal {result.exit_code - 128}"
+    if (missing := MISSING_TOOL.search(result.output)) is not None:
+        return f"the verifier's tool is missing in the task's image: {missing.group(0).strip()}"
+    return None
+
+
+def _run_check(task: TaskSpec, runtime: str, scratch: Path) -> VerifierProblem | None:
+    shutil.rmtree(scratch, ignore_errors=True)
+    (scratch / "home").mkdir(parents=True)
+    _pristine(task.workspace, scratch / "workspace")
+    ground = prepare_verify(task, scratch, {}, {})
+    summary = {"sample_id": "verifier-check", "group_id": task.task_id, "adapter": None, "exit_code": None,
+               "timed_out": False, "task_id": task.task_id, "files_changed": {}}
+    sandbox = get_runtime(runtime).prepare(ground.mounts, image=task.image,
+                                           instance=f"polar-vcheck-{task.task_id[:30]}-{uuid.uuid4().hex[:6]}")
+    try:
+        result = evaluate(task.evaluator, sandbox, ground.mounts, scratch, summary, task.evaluator.timeout_s,
+                          task.reward_range)
+    except EvaluatorCrash as e:
+        return VerifierProblem(str(e), e.output)
+    finally:
+        sandbox.stop()
+        shutil.rmtree(scratch, ignore_errors=True)
+    why = unscorable(result)
+    return VerifierProblem(why, result.output) if why else None
+
+
+def _pristine(workspace: Path | None, dest: Path) -> None:
+    """The task's starting workspace, as a sample's sandbox gets it (a directory or a .tar.gz)."""
+    if workspace is None:
+        dest.mkdir()
+    elif workspace.is_dir():
+        shutil.copytree(workspace, dest, symlinks=True)
+    else:
+        with tarfile.open(workspace, "r:gz") as tar:
+            tar.extractall(dest, filter="data")

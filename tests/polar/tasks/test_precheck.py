@@ -1,0 +1,75 @@
+"""The verifier is checked before it is trusted (polar/tasks/precheck.py): on the untouched workspace in a bwrap
+verify sandbox of the host; a verifier that produces no reward at all makes the task's samples infrastructure
+errors (end to end through `polar run --task`), never a silent 0."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from polar.tasks import precheck
+from polar.tasks.evaluate import Evaluation
+from polar.tasks.precheck import check_verifier, unscorable
+from polar.tasks.spec import EvaluatorSpec, TaskSpec
+
+ROOT = Path(__file__).resolve().parents[3]
+CALC = ROOT / "fixtures" / "tasks" / "calc"
+
+
+def task(command: str, reward: str = "exit", task_id: str = "t1") -> TaskSpec:
+    return TaskSpec(task_id, "fix it", CALC, "host", None,
+                    EvaluatorSpec("command", command=command, reward=reward, timeout_s=30))
+
+
+@pytest.mark.parametrize("command, reward, reason", [
+    ("python3 -I -m no_such_tool -q", "exit", "/usr/bin/python3: No module named no_such_tool"),
+    ("no-such-command --run", "exit", "exited 127"),
+    ("kill -9 $$", "exit", "killed by signal 9"),
+    ("echo checking", "stdout", "is not a number"),
+    ("true", "file", "reward.txt"),
+])
+def test_a_verifier_without_a_reward_is_named(tmp_path, command: str, reward: str, reason: str) -> None:
+    problem = check_verifier(task(command, reward, f"t-{abs(hash(command))}"), "bwrap", tmp_path / "check")
+    assert problem is not None and reason in problem.reason, problem
+    assert not (tmp_path / "check").exists()  # its scratch is removed
+
+
+@pytest.mark.parametrize("command, reward", [("exit 1", "exit"), ("echo 0", "stdout"), ("grep -q x calc.py", "exit")])
+def test_a_zero_on_the_untouched_workspace_is_a_reward(tmp_path, command: str, reward: str) -> None:
+    assert check_verifier(task(command, reward, f"ok-{abs(hash(command))}"), "bwrap", tmp_path / "c") is None
+
+
+def test_checked_once_per_task_and_image(tmp_path, monkeypatch) -> None:
+    runs: list[str] = []
+    monkeypatch.setattr(precheck, "_run_check", lambda t, r, s: runs.append(t.image))
+    t = task("exit 0", task_id="cached")
+    for _ in range(3):
+        check_verifier(t, "bwrap", tmp_path)
+    check_verifier(TaskSpec("cached", "fix it", CALC, str(tmp_path), None, t.evaluator), "bwrap", tmp_path)
+    assert runs == ["host", str(tmp_path)]
+
+
+def test_unscorable_reads_the_evaluation() -> None:
+    assert unscorable(Evaluation(0.0, "1 failed", 1)) is None
+    assert unscorable(Evaluation(0.0, "x", 1, "reward.txt is not a number")) == "reward.txt is not a number"
+    assert "No module named pytest" in unscorable(Evaluation(0.0, "/usr/bin/python3.11: No module named pytest\n", 1))
+    assert unscorable(Evaluation(0.0, "E   ModuleNotFoundError: No module named 'calc'", 1)) is None  # the bug
+
+
+@pytest.mark.slow
+def test_polar_run_masks_a_task_whose_verifier_lacks_its_tool(tmp_path) -> None:
+    """The README's false zero: the harness fixed the bug, but the evaluator's python has no such module."""
+    tasks = tmp_path / "tasks.yaml"
+    tasks.write_text(f"task_id: fix-calc-notool\ninstruction: Fix the bug in calc.py.\nworkspace: {CALC}\n"
+                     f"tests: {ROOT / 'fixtures' / 'tasks' / 'tests' / 'calc'}\nimage: host\n"
+                     "evaluator: {command: python3 -I -m no_such_tool -q, timeout_s: 60}\n")
+    r = subprocess.run([sys.executable, "-m", "polar.cli", "run", "--task", str(tasks), "--adapter", "pi",
+                        "--policy", str(ROOT / "fixtures" / "policies" / "fix-bug.yaml"), "--runtime", "bwrap",
+                        "--out", str(tmp_path / "out"), "--confdir", str(tmp_path / "mitm")],
+                       capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "status error (infrastructure), reward none, weight 0" in r.stdout
+    assert "produces no reward on the untouched workspace" in r.stdout
+    assert "/usr/bin/python3: No module named no_such_tool" in r.stdout
