@@ -132,6 +132,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"  {line}")
     if result.error:
         print(f"  {result.error}")
+    if result.status != "completed":
+        for line in cause_lines(out.resolve(), [Path(f) for f in result.files]):
+            print(f"  {line}")
     print(f"  run folder: {out}")
     if result.timed_out:
         return 124
@@ -181,6 +184,9 @@ def run_task(args: argparse.Namespace) -> int:
           f"evaluate {t.get('evaluate_s', 0):.1f}s")
     for line in outcome_summary(result):
         print(f"  {line}")
+    if result.status == "error":
+        for line in cause_lines(out, [Path(f) for f in result.capture_files]):
+            print(f"  {line}")
     print(f"  trajectories: {result.trajectories or 'none (no LLM call recorded)'}")
     print(f"  sample folder: {out}")
     return 0 if result.status == "completed" else 124 if result.status == "timeout" else 1
@@ -193,6 +199,37 @@ def _check_image(image: str | None, where: str) -> None:
     if not Path(image).exists():
         raise ValueError(f"{where} {image}: no such file or directory (a SIF, a sandbox directory, an OCI image "
                          "name or `host`)")
+
+
+def cause_lines(out: Path, files: list[Path], tail: int = 5) -> list[str]:
+    """Why a run ended in error, from what it left: engines the proxy found down, the LLM calls' errors (engine
+    down, a prompt over the context with both numbers) and the last lines the harness wrote to stderr."""
+    from polar_traj.capture_reader import read_capture
+
+    lines = []
+    log = out / "logs" / "proxy.log"
+    if not log.is_file():
+        log = out / "services" / "logs" / "proxy.log"  # polar run --task keeps its services apart
+    if log.is_file():
+        lines += [line.strip() for line in _tail(log, 200)
+                  if line.startswith("polar proxy: engine ") and " down" in line]
+    errors = [r.error for f in files if f.is_file() for r in read_capture(f) if r.error]
+    if errors:
+        lines.append(f"LLM calls with an error: {len(errors)}; last: {' '.join(str(errors[-1]).split())[:300]}")
+    stderr = [line for line in _tail(out / "harness.stderr", tail * 4) if line.strip()][-tail:]
+    if stderr:
+        lines.append("harness stderr (last lines):")
+        lines += [f"  {line[:300]}" for line in stderr]
+    return lines
+
+
+def _tail(path: Path, n: int) -> list[str]:
+    """The last `n` lines of a file the harness (or the proxy) may have made huge."""
+    if not path.is_file():
+        return []
+    with path.open("rb") as f:
+        f.seek(max(0, f.seek(0, 2) - 64 * 1024))
+        return f.read().decode(errors="replace").splitlines()[-n:]
 
 
 def outcome_summary(result: SampleResult) -> list[str]:

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from polar.cli import build_parser
-from polar.run.cli import reused_proxy
+from polar.run.cli import cause_lines, reused_proxy
 from polar_traj import read as read_trajectories
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -26,6 +26,7 @@ for _ in range(2):
     request = urllib.request.Request(os.environ["BASE"] + "/chat/completions", body, headers)
     reply = json.load(urllib.request.urlopen(request))["choices"][0]["message"]
     messages += [{"role": "assistant", "content": reply["content"]}, {"role": "user", "content": "again"}]
+sys.stderr.write("crasher: giving up after two calls\\n"); sys.stderr.flush()
 os._exit(3)
 """
 
@@ -117,6 +118,7 @@ def test_crashed_harness_keeps_its_calls(tmp_path, start_reference_server, polic
                      "--confdir", str(tmp_path / "mitm"))
     assert done.returncode == 3, done.stdout + done.stderr
     assert "calls: 2 (0 with an error)" in done.stdout
+    assert "harness stderr (last lines):\n    crasher: giving up after two calls" in done.stdout  # the cause
     records = [json.loads(line) for f in (out / "captures").glob("*/*.jsonl") for line in f.read_text().splitlines()]
     assert len(records) == 2 and all(r["output_ids"] for r in records)
     run = json.loads((out / "run.json").read_text())
@@ -125,3 +127,24 @@ def test_crashed_harness_keeps_its_calls(tmp_path, start_reference_server, polic
     assert rows and all(r["status"] == "error" and not any(r["loss_mask"]) for r in rows)
     again = polar_run("--adapter", str(adapter), "--instruction", "hello", "--via", "base_url", "--out", str(out))
     assert again.returncode == 2 and "not empty" in again.stderr
+
+
+def test_the_cause_of_an_error_is_named(tmp_path):
+    """What `polar run` prints under `status error`: the engines the proxy found down, the calls' last error
+    (a prompt over the context, both numbers) and the harness's last stderr lines."""
+    from polar_traj.records import CallRecord, append_record
+
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "proxy.log").write_text("polar proxy: engine http://127.0.0.1:9 down (health probe: "
+                                                 "ClientConnectorError)\npolar proxy: engine http://e:1 up\n")
+    error = "400 prompt is 17512 tokens; the model's context is 4096 tokens"
+    append_record(tmp_path / "captures", CallRecord(
+        call_id="c1", task_id="local", session_id="s1", api="openai_chat", model="m", stream=False, started_at=1.0,
+        ended_at=2.0, latency_ms=1.0, policy_version=None, prompt_ids=(), output_ids=(), output_logprobs=(),
+        finish_reason=None, prefix_source="rendered", parent_call_id=None, request={}, response=None, error=error))
+    (tmp_path / "harness.stderr").write_text("".join(f"line {n}\n" for n in range(40)) + "\n\nFatal: no reply\n")
+    lines = cause_lines(tmp_path, sorted((tmp_path / "captures").glob("*/*.jsonl")))
+    assert lines == ["polar proxy: engine http://127.0.0.1:9 down (health probe: ClientConnectorError)",
+                     f"LLM calls with an error: 1; last: {error}", "harness stderr (last lines):",
+                     "  line 36", "  line 37", "  line 38", "  line 39", "  Fatal: no reply"]
+    assert cause_lines(tmp_path / "nothing", []) == []
