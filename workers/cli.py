@@ -23,6 +23,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-staleness", type=int, help="mark trajectories whose calls span more weight versions")
     p.add_argument("--wait", action="store_true", help="show progress until the batch finishes, then a summary")
     p.add_argument("--timeout", type=float, help="with --wait: give up after this many seconds")
+    p.add_argument("--max-masked", type=int, default=0,
+                   help="with --wait: exit 1 when more samples than this were masked (default: any)")
     add_sampling_args(p)
     _broker(p)
     p.set_defaults(func=submit)
@@ -121,7 +123,25 @@ def submit(args: argparse.Namespace) -> int:
         print(f"polar submit: {e}", file=sys.stderr)
         return 124
     print(summary(batch, p))
+    if (problem := wait_verdict(batch, p, args.max_masked)) is not None:
+        print(f"polar submit: {problem}", file=sys.stderr)
+        return 1
     return 0 if p.status == "completed" else 1
+
+
+def wait_verdict(batch, p, max_masked: int = 0) -> str | None:
+    """Why a finished batch is not a success: cancelled, or more samples masked than allowed, with the most
+    common reasons and their counts; None when it is one."""
+    from collections import Counter
+
+    if p.status == "cancelled":
+        return f"batch {batch.batch_id} was cancelled ({p.cancelled} samples did not finish)"
+    if p.masked <= max_masked:
+        return None
+    reasons = Counter(" ".join(str(r.get("reason")).split())[:160] for r in batch.results()
+                      if r.get("status") == "error" or r.get("failure") == "infrastructure")
+    top = "; ".join(f"{n}x {reason}" for reason, n in reasons.most_common(3))
+    return f"{p.masked} of {p.total} samples masked (allowed {max_masked}): {top or 'reasons not recorded'}"
 
 
 def follow(batch, timeout: float | None):

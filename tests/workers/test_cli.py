@@ -76,3 +76,26 @@ def test_policy_pause_and_resume(redis_base: str, capsys):
     assert main(["policy", "resume", *broker]) == 0
     assert main(["policy", "status", *broker]) == 0
     assert capsys.readouterr().out.splitlines()[-1] == "policy: running"
+
+
+def test_wait_verdict_names_masked_reasons_and_cancels():
+    """`polar submit --wait` exits 1 for a batch whose samples were masked (beyond --max-masked) or that was
+    cancelled, with the top reasons and their counts."""
+    from types import SimpleNamespace
+
+    from workers.batches import Progress
+    from workers.cli import wait_verdict
+
+    down = "every LLM call failed (3): polar: the inference engine at http://e:1 is unreachable"
+    results = [{"status": "error", "failure": "infrastructure", "reason": down}] * 3 + [
+        {"status": "error", "failure": "infrastructure", "reason": "evaluator: no pytest"},
+        {"status": "completed", "failure": None, "reason": None}]
+    batch = SimpleNamespace(batch_id="b1", results=lambda: results)
+
+    def progress(masked: int, status: str = "completed", cancelled: int = 0) -> Progress:
+        return Progress(5, 0, 0, 5 - masked, masked, cancelled, 1, 1, 0.0, status, {})
+
+    assert wait_verdict(batch, progress(4)) == f"4 of 5 samples masked (allowed 0): 3x {down}; 1x evaluator: no pytest"
+    assert wait_verdict(batch, progress(4), max_masked=4) is None
+    assert wait_verdict(batch, progress(0)) is None
+    assert wait_verdict(batch, progress(0, "cancelled", 2)) == "batch b1 was cancelled (2 samples did not finish)"
