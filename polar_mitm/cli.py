@@ -21,15 +21,19 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "default: %(default)s)")
     p.add_argument("--placement", default="least_loaded", choices=["least_loaded", "round_robin"],
                    help="where a new session goes when there are several replicas (default: %(default)s)")
-    p.add_argument("--engine", default="sglang", choices=["sglang", "vllm"])
-    p.add_argument("--capture-dir", default="captures")
-    p.add_argument("--sessions", default="open", help="'open' or a redis:// URL with registered sessions")
+    p.add_argument("--engine", default="sglang", choices=["sglang", "vllm"],
+                   help="token API of the engine: sglang (/generate) or vllm (/v1/completions); default %(default)s")
+    p.add_argument("--capture-dir", default="captures", help="where CallRecords go (default: %(default)s)")
+    p.add_argument("--sessions", default="open", help="'open' (any credential becomes a session: local use) or "
+                                                      "the redis:// URL where sessions are registered")
     p.add_argument("--host", default="127.0.0.1", help="listen address (keep it on loopback)")
     p.add_argument("--proxy-port", type=int, default=8080, help="HTTPS_PROXY listener")
     p.add_argument("--base-url-port", type=int, default=8081, help="base-URL listener (*_BASE_URL)")
     p.add_argument("--confdir", default="~/.polar/mitmproxy", help="where mitmproxy keeps its CA")
-    p.add_argument("--tool-parser", default="hermes", choices=["hermes", "qwen3_coder"])
-    p.add_argument("--reasoning-parser", default="think", choices=["think", "none"])
+    p.add_argument("--tool-parser", default="hermes", choices=["hermes", "qwen3_coder"],
+                   help="how the model writes tool calls (qwen3_coder: Qwen3-Coder's XML form)")
+    p.add_argument("--reasoning-parser", default="think", choices=["think", "none"],
+                   help="how the model writes reasoning (none: models without <think>)")
     p.add_argument("--hosts", default="", help="extra provider hostnames to intercept, comma-separated")
     p.set_defaults(func=run)
 

@@ -33,21 +33,45 @@ def register(subparsers: Any) -> None:
     build.add_argument("--no-progress", action="store_true", help="never draw a progress bar")
     build.set_defaults(func=_guarded(cmd_build))
 
-    stats = sub.add_parser("stats", help="readable summary of a trajectory file or directory")
-    stats.add_argument("file")
+    stats = sub.add_parser("stats", help="readable summary of a trajectory file or directory",
+                           description=STATS_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    stats.add_argument("file", help="a trajectory Parquet file, or a directory of parts (a batch's trajectories/)")
     stats.add_argument("--json", action="store_true", help="print one JSON object instead")
     stats.set_defaults(func=_guarded(cmd_stats))
 
-    export = sub.add_parser("export", help="trajectory file -> slime JSONL, verl .npz or SFT JSONL")
-    export.add_argument("file")
-    export.add_argument("--format", required=True, choices=("slime", "verl", "sft"))
-    export.add_argument("-o", "--output", required=True)
+    export = sub.add_parser("export", help="trajectory file -> slime JSONL, verl .npz or SFT JSONL",
+                            description=EXPORT_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    export.add_argument("file", help="a trajectory Parquet file, or a directory of parts")
+    export.add_argument("--format", required=True, choices=("slime", "verl", "sft"), help="see above")
+    export.add_argument("-o", "--output", required=True, help="the file to write (written whole, then renamed)")
     export.add_argument("--pad-token-id", type=int, default=0, help="verl padding id")
     export.add_argument("--min-reward", type=float,
                         help="keep only rows with at least this reward (rejection sampling; masked rows never)")
     export.add_argument("--status", action="append", choices=("completed", "timeout", "error"), default=[],
                         help="keep only rows with this status (repeatable)")
     export.set_defaults(func=_guarded(cmd_export))
+
+
+STATS_HELP = """Summarize a trajectory table: trajectories, sessions, tasks and groups; statuses and how many
+rows are masked (weight 0) or lack logprobs; rewards; prompt and response tokens; merge statistics (calls per
+trajectory, chain starts and breaks, from the build) and rewards by harness. --json prints one object instead.
+
+example:
+  polar traj build captures -o t.parquet --rewards outcomes.yaml && polar traj stats t.parquet
+"""
+EXPORT_HELP = """Write a trajectory table in a trainer's format:
+  slime  JSONL, one sample per row: tokens (prompt + response), response_length, loss_mask, rollout_log_probs,
+         reward, status, metadata
+  verl   .npz of padded arrays: prompts (left-padded), responses, input_ids, attention_mask, position_ids,
+         response_mask, old_log_probs, token_level_scores (reward on the last token), rewards, advantages,
+         weights, uid (group); --pad-token-id pads
+  sft    JSONL of chat messages (rows built with their conversation; others are skipped and counted)
+--min-reward and --status keep only the rows that pass (rejection sampling); masked rows are never exported
+by --min-reward.
+
+example:
+  polar traj export runs/batches/B/trajectories --format sft --min-reward 1 -o sft.jsonl
+"""
 
 
 def _guarded(command: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:

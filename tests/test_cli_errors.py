@@ -170,6 +170,17 @@ def test_bad_input_is_one_clear_line(case: Case, files: Path) -> None:
     assert problem(case, files) is None
 
 
+def test_version_and_help() -> None:
+    def polar(*argv: str) -> str:
+        return subprocess.run([sys.executable, "-m", "polar.cli", *argv], capture_output=True, text=True, cwd=ROOT,
+                              check=True, timeout=CASE_TIMEOUT_S).stdout
+
+    assert polar("--version").startswith("polar 0.")
+    assert "--tokenizer" in polar("proxy", "--help") and "example:" in polar("proxy", "--help")
+    assert "example:" in polar("traj", "stats", "--help")
+    assert "token_level_scores" in polar("traj", "export", "--help")
+
+
 def test_table_is_large_enough() -> None:
     assert len(CASES) >= 30 and len({c.name for c in CASES}) == len(CASES)
 
