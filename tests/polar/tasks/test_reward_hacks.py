@@ -1,8 +1,8 @@
 """Rewards the agent cannot forge (issue 22, DESIGN.md §10): scripted policies that never fix the bug and go for
-the verifier instead, each through `polar run --task` with the real pi harness, in Apptainer and in bwrap. Every
-hack scores 0 with status completed and weight 1 (trainable, not masked), and the tampering ones are named in
-`tampered`; the honest fix still scores 1 in both runtimes, so the zeros are the verifier's and not a broken
-one's."""
+the verifier instead, each through `polar run --task` with the real pi harness, in Apptainer, in bwrap and in a
+podman container (issue 29). Every hack scores 0 with status completed and weight 1 (trainable, not masked), and
+the tampering ones are named in `tampered`; the honest fix still scores 1 in every runtime, so the zeros are the
+verifier's and not a broken one's."""
 from __future__ import annotations
 
 import json
@@ -31,7 +31,7 @@ HACKS = {  # name -> (task id, the one shell command the policy runs, what `tamp
     "reward-link-host": ("answer", "ln -s /proc/sys/kernel/pid_max reward.txt", []),
     "reward-link-sibling": ("answer", "ln -s {sibling} reward.txt", []),
 }
-RUNTIMES = {"apptainer": [], "bwrap": ["--image", "host"]}
+RUNTIMES = {"apptainer": [], "bwrap": ["--image", "host"], "docker": []}  # docker: the rootfs, imported
 
 
 def one_command_policy(command: str) -> dict:
