@@ -41,7 +41,8 @@ def main() -> int:
                    "step's rollouts run while this one trains")
     args = p.parse_args()
     warnings.filterwarnings("ignore", category=FutureWarning)
-    from polar.trl.grpo import TrainConfig, run_local, summarize, summary_line
+    from examples.trl_grpo import run_local
+    from polar.trl.grpo import TrainConfig, summarize, summary_line
 
     md, raw = [f"# Train loop ({args.steps} steps x {args.groups} groups x {args.group_size} samples, lr "
                f"{TrainConfig.learning_rate}, {TrainConfig.max_tokens} tokens, 2-core CPU shared with other work)"], {}

@@ -23,6 +23,22 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
+def run_local(out: Path, config, concurrency: int = 2,
+              on_step=None) -> list:
+    """`train` on one machine: a private Redis, `polar serve` with config.model and one worker node, started
+    and stopped here; one vowel task per group (polar/trl/task.py)."""
+    import yaml
+
+    from polar.trl.grpo import train
+    from polar.trl.local import local_cluster
+    from polar.trl.task import write_tasks
+    from workers.client import PolarClient  # here, not in polar/trl: the rollout service sits above polar/
+
+    tasks = yaml.safe_load(write_tasks(out / "tasks.yaml", config.groups_per_step).read_text())["tasks"]
+    with local_cluster(out / "services", config.model, concurrency) as c:
+        return train(PolarClient(c.broker, c.sessions), [c.engine], tasks, out, config, on_step)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=20)
@@ -37,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     warnings.filterwarnings("ignore", category=FutureWarning)  # transformers 5 renames TRL still calls
 
-    from polar.trl.grpo import TrainConfig, run_local, summarize, summary_line
+    from polar.trl.grpo import TrainConfig, summarize, summary_line
 
     config = TrainConfig(ROOT / "fixtures" / "tiny-qwen2", args.steps, args.groups, args.group_size, args.lr,
                          args.max_tokens, overlap=args.overlap)

@@ -153,21 +153,6 @@ def train(client: Any, engines: list[str], tasks: list[dict[str, Any]], out: Pat
     return loop.reports
 
 
-def run_local(out: Path, config: TrainConfig, concurrency: int = 2,
-              on_step: Callable[[StepReport], None] | None = None) -> list[StepReport]:
-    """`train` on one machine: a private Redis, `polar serve` with config.model and one worker node, started
-    and stopped here; one vowel task per group (polar/trl/task.py)."""
-    import yaml
-
-    from polar.trl.local import local_cluster
-    from polar.trl.task import write_tasks
-    from workers.client import PolarClient
-
-    tasks = yaml.safe_load(write_tasks(out / "tasks.yaml", config.groups_per_step).read_text())["tasks"]
-    with local_cluster(out / "services", config.model, concurrency) as c:
-        return train(PolarClient(c.broker, c.sessions), [c.engine], tasks, out, config, on_step)
-
-
 def summarize(reports: list[StepReport], window: int = 5) -> dict[str, float]:
     """Reward mean over the first and last `window` steps, fidelity, and where a step's time goes."""
     k = min(window, len(reports))
