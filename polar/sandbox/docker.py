@@ -14,7 +14,7 @@ all but the container's first process).
 
 Images (a task's `image:`): `docker://REF` or a local tag (`polar-tasks:local`), a `docker save` tarball
 (loaded once), or a root filesystem directory (imported once, cached under a tag derived from the directory;
-the demo tasks' Apptainer sandbox directory works as is). Containers carry the label `polar.sandbox` and the
+the demo tasks' Apptainer sandbox directory works as is). Containers carry the label `polar.sandbox`, the host and the
 HOME they serve: `prepare` also removes leftovers whose HOME is gone or that are older than MAX_AGE_S (a
 worker killed with SIGKILL leaves its container to the next prepare on the node).
 
@@ -29,6 +29,7 @@ import json
 import os
 import resource
 import shutil
+import socket
 import subprocess
 import sys
 import tarfile
@@ -187,7 +188,8 @@ def load_tarball(engine: Engine, tarball: Path) -> str:
 def run_args(engine: Engine, mounts: Mounts, who: Identity, limits: Limits, cpus: float) -> list[str]:
     """The isolation and limits of one sandbox container (everything but its name and image)."""
     nofile, nproc = (_at_most(resource.RLIMIT_NOFILE, NOFILE), _at_most(resource.RLIMIT_NPROC, NPROC))
-    args = ["--detach", "--rm", "--label", LABEL, "--label", f"polar.home={mounts.home}",
+    args = ["--detach", "--rm", "--label", LABEL, "--label", f"polar.node={socket.gethostname()}",
+            "--label", f"polar.home={mounts.home}",
             "--label", f"polar.created={int(time.time())}", "--network", "none", "--read-only",
             "--tmpfs", f"/tmp:rw,nosuid,nodev,size={TMP_BYTES}", "--cap-drop", "ALL",
             "--security-opt", "no-new-privileges", "--user", f"{who.uid}:{who.gid}",
@@ -212,8 +214,10 @@ def _at_most(kind: int, value: int) -> int:
 
 
 def remove_leftovers(engine: Engine, max_age_s: float = MAX_AGE_S) -> list[str]:
-    """Remove Polar's containers whose HOME no longer exists on this host or that are older than `max_age_s`."""
-    ids = engine.run(["ps", "-a", "-q", "--filter", f"label={LABEL}"], check=False).stdout.split()
+    """Remove this host's Polar containers whose HOME no longer exists or that are older than `max_age_s` (an
+    engine shared by several hosts holds others' containers too: their HOMEs are not ours to look at)."""
+    ids = engine.run(["ps", "-a", "-q", "--filter", f"label={LABEL}", "--filter",
+                      f"label=polar.node={socket.gethostname()}"], check=False).stdout.split()
     if not ids:
         return []
     fmt = '{{.Name}}|{{index .Config.Labels "polar.home"}}|{{index .Config.Labels "polar.created"}}'
