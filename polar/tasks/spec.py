@@ -2,12 +2,12 @@
 
 A task file is YAML (one task mapping, a list of them, or `{tasks: [...]}`) or JSONL (one task per line).
 Each task: task_id, instruction, workspace (a directory or a .tar.gz, copied into the sandbox), image (an
-Apptainer SIF or sandbox directory, an OCI image for the docker runtime, or `host` for the local/bwrap
-runtimes), adapter (optional: the batch's default otherwise), evaluator, timeout_s (the agent's budget),
-session_timeout_s (the whole sample), metadata (free-form, carried into the trajectory table); for verification (polar/tasks/verify.py): tests (a
-directory staged over the final workspace copy, never shown to the agent), protected (workspace globs restored
-before verification and flagged when changed), reward_range (default [0, 1]); max_calls (the session's LLM call
-cap). Relative paths are relative to the task file.
+Apptainer SIF or sandbox directory, an OCI image for the docker runtime, or `host` for the local/bwrap runtimes),
+adapter (optional: the batch's default otherwise), evaluator, timeout_s (the agent's budget), session_timeout_s
+(the whole sample), metadata (free-form, carried into the trajectory table); for verification
+(polar/tasks/verify.py): tests (a directory staged over the final workspace copy, never shown to the agent),
+protected (workspace globs restored before verification and flagged when changed), reward_range (default [0, 1]);
+max_calls (the session's LLM call cap). Relative paths are relative to the task file.
 Every error is one line: "FILE:LINE: FIELD: problem".
 """
 from __future__ import annotations
