@@ -184,12 +184,14 @@ def _find_batch(args: argparse.Namespace, command: str):
 
 
 def status(args: argparse.Namespace) -> int:
-    nodes = _client(args).nodes()
+    client = _client(args)
+    nodes = client.nodes()
     if args.batch is None:
         if args.json:
             print(json.dumps([asdict(n) for n in nodes]))
         else:
             print("\n".join(n.line() for n in nodes) or "no nodes have ever beat on this broker")
+            print(_fence_line(client))
         return 0
     if (batch := _find_batch(args, "status")) is None:
         return 2
@@ -200,7 +202,19 @@ def status(args: argparse.Namespace) -> int:
     else:
         print(summary(batch, p))
         print("  nodes: " + (", ".join(f"{n.node} {n.state}" for n in nodes) or "none"))
+        print(f"  {_fence_line(client)}")
     return 0
+
+
+def _fence_line(client) -> str:
+    """Whether the weight-sync fence holds every proxy's new LLM calls (a forgotten pause stalls every batch)."""
+    import redis
+
+    try:
+        paused = client.is_paused()
+    except (redis.RedisError, ValueError, OSError) as e:
+        return f"fence: unknown ({client.sessions}: {' '.join(str(e).split())[:120]})"
+    return "fence: PAUSED: proxies hold new LLM calls (polar policy resume)" if paused else "fence: running"
 
 
 def node(args: argparse.Namespace) -> int:

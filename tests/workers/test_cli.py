@@ -73,9 +73,13 @@ def test_policy_pause_and_resume(redis_base: str, capsys):
     assert main(["policy", "pause", "--timeout", "10", *broker]) == 0
     assert main(["policy", "status", *broker]) == 0
     assert capsys.readouterr().out.splitlines()[-1] == "policy: paused"
+    assert main(["status", *broker]) == 0  # polar status says so: a forgotten pause stalls every batch
+    assert capsys.readouterr().out.splitlines()[-1].startswith("fence: PAUSED")
     assert main(["policy", "resume", *broker]) == 0
     assert main(["policy", "status", *broker]) == 0
     assert capsys.readouterr().out.splitlines()[-1] == "policy: running"
+    assert main(["status", *broker]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "fence: running"
 
 
 def test_wait_verdict_names_masked_reasons_and_cancels():
