@@ -65,6 +65,35 @@ def tokenizer_problem(path: str | Path) -> str | None:
     return f"{p} has no tokenizer.json, tokenizer_config.json or .gguf file"
 
 
+def engine_model_mismatch(backend: str, tokenizer: str | Path, timeout_s: float = 2.0) -> str | None:
+    """A warning when the first engine names its model (SGLang /get_model_info, vLLM /v1/models) and the name is
+    not the tokenizer directory's; None when they agree or the engine does not say. Never an error: a served
+    alias may differ from the directory's name legitimately."""
+    import json
+    import urllib.request
+
+    try:
+        url = parse_backends(backend)[0].rstrip("/")
+    except ValueError as e:
+        raise ValueError(f"--backend {backend!r}: {e}") from e
+    path = Path(tokenizer).expanduser().resolve()
+    want = (path.parent if path.suffix == ".gguf" else path).name
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never through the user's HTTP_PROXY
+    for route, pick in (("/get_model_info", lambda d: [d.get("model_path")]),
+                        ("/v1/models", lambda d: [m.get("root") or m.get("id") for m in d.get("data", [])])):
+        try:
+            with opener.open(url + route, timeout=timeout_s) as reply:
+                names = [Path(str(n)).name for n in pick(json.load(reply)) if n]
+        except Exception:  # noqa: BLE001 - an engine that does not say is not an error
+            continue
+        if names:
+            if want.lower() in (n.lower() for n in names):
+                return None
+            return (f"the engine at {url} serves {names[0]!r} but the tokenizer is {str(path)!r}: if these are "
+                    "different models, every recorded token id is wrong")
+    return None
+
+
 def proxy_modes(host: str, proxy_port: int, base_url_port: int, backend: str) -> list[str]:
     # mitmproxy needs a reverse target; Polar never forwards to it (polar_mitm/egress.py). The first engine.
     return [f"regular@{host}:{proxy_port}", f"reverse:{parse_backends(backend)[0]}@{host}:{base_url_port}"]
@@ -79,6 +108,13 @@ def run(args: argparse.Namespace) -> int:
     if (problem := tokenizer_problem(args.tokenizer)) is not None:
         print(f"polar proxy: --tokenizer: {problem}", file=sys.stderr)
         return 2
+    try:
+        warning = engine_model_mismatch(args.backend, args.tokenizer)
+    except ValueError as e:
+        print(f"polar proxy: {e}", file=sys.stderr)
+        return 2
+    if warning is not None:
+        print(f"polar proxy: warning: {warning}", file=sys.stderr)
     die_with_parent()  # started by a worker or `polar run`: go when it goes
     confdir = Path(args.confdir).expanduser()
     confdir.mkdir(parents=True, exist_ok=True)

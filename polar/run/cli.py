@@ -15,7 +15,7 @@ from polar.run.services import ROOT, ProxyHandle, ServiceError, running_proxy
 from polar.run.session import EngineConfig, RunConfig, run_session
 from polar.sandbox.runtime import RUNTIMES, SandboxError, names_oci_image, resolve_runtime
 from polar.tasks.spec import TaskError, load_tasks, select_task
-from polar_mitm.cli import tokenizer_problem
+from polar_mitm.cli import engine_model_mismatch, tokenizer_problem
 from polar_mitm.sampling import FIXABLE, add_sampling_args, sampling_from_args
 
 DEFAULT_MODEL = ROOT / "fixtures" / "tiny-qwen2"
@@ -83,6 +83,8 @@ def _engine(args: argparse.Namespace) -> EngineConfig:
         raise ValueError(f"--model: {problem}")
     if args.policy is not None:
         _check_policy(args.policy)
+    if args.backend and (warning := engine_model_mismatch(args.backend, model)) is not None:
+        print(f"polar run: warning: {warning}", file=sys.stderr)
     return EngineConfig(model.resolve(), args.backend, args.engine,
                         args.policy.resolve() if args.policy else None, args.context_length)
 

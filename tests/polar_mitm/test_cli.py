@@ -64,3 +64,42 @@ def test_mitmdump_refuses_bad_options_with_their_name(tmp_path, tiny_model_dir):
                             "--set", f"confdir={tmp_path}", "--set", f"polar_tokenizer={tiny_model_dir}",
                             "--set", option], capture_output=True, text=True, timeout=60)
         assert r.returncode != 0 and needle in r.stdout + r.stderr, (option, r.stdout[-500:], r.stderr[-500:])
+
+
+def test_engine_model_mismatch_is_a_warning(tmp_path):
+    """An engine that names its model (SGLang /get_model_info, vLLM /v1/models) unlike the tokenizer directory
+    gets a warning at start; one that agrees, or does not say, gets none."""
+    import json as json_mod
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from polar_mitm.cli import engine_model_mismatch
+
+    answers = {"/get_model_info": {"model_path": "/models/Qwen3-8B"}}
+
+    class Engine(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            body = json_mod.dumps(answers.get(self.path, {})).encode()
+            self.send_response(200 if self.path in answers else 404)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Engine)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        (tmp_path / "Qwen3-8B").mkdir()
+        assert engine_model_mismatch(url, tmp_path / "Qwen3-8B") is None
+        warning = engine_model_mismatch(url, "fixtures/tiny-qwen2")
+        assert warning and "serves 'Qwen3-8B'" in warning and "tiny-qwen2" in warning
+        answers.clear()
+        answers["/v1/models"] = {"data": [{"id": "served-alias", "root": "/m/tiny-qwen2"}]}
+        assert engine_model_mismatch(url, "fixtures/tiny-qwen2") is None  # vLLM's root names the directory
+        answers.clear()
+        assert engine_model_mismatch(url, "fixtures/tiny-qwen2") is None  # the engine does not say
+    finally:
+        server.shutdown()
+    assert engine_model_mismatch(f"http://127.0.0.1:{free_port()}", "fixtures/tiny-qwen2") is None  # down
