@@ -40,9 +40,11 @@ class Case:
     names: tuple[str, ...]  # each must appear in the message ({tmp} expanded)
     env: dict[str, str] = field(default_factory=dict)
     closed_stdout: bool = False  # stdout is a pipe whose reader is gone (`polar … | head`)
+    program: tuple[str, ...] = ("-m", "polar.cli")  # what `python` runs: the polar CLI unless said otherwise
 
 
 PORTS = ("--proxy-port", str(dead_port()), "--base-url-port", str(dead_port()), "--confdir", "{tmp}/conf")
+WORKER = ("-c", "import workers.celery_app")
 RUN = ("run", "--adapter", "pi", "--instruction", "hi")
 CASES = [
     # no silent model defaults
@@ -92,6 +94,11 @@ CASES = [
     Case("traj-export-missing", ("traj", "export", "{tmp}/nowhere.parquet", "--format", "sft", "-o", "{tmp}/o"),
          ("nowhere.parquet",)),
     Case("traj-stats-closed-stdout", ("traj", "stats", "{tmp}/good.parquet"), (), closed_stdout=True),
+    # a worker node's settings (what `celery -A workers worker` imports first)
+    Case("worker-engine-without-model-dir", (), ("POLAR_ENGINE_URL", "POLAR_MODEL_DIR"), program=WORKER,
+         env={"POLAR_ENGINE_URL": DEAD}),
+    Case("worker-runtime-unknown", (), ("POLAR_RUNTIME", "kvm"), program=WORKER, env={"POLAR_RUNTIME": "kvm"}),
+    Case("worker-engine-unknown", (), ("POLAR_ENGINE", "tgi"), program=WORKER, env={"POLAR_ENGINE": "tgi"}),
     # others
     Case("report-missing", ("report", "{tmp}/nowhere"), ("{tmp}/nowhere",)),
     Case("serve-model-missing", ("serve", "--model", "{tmp}/nomodel", "--port", str(dead_port())),
@@ -129,7 +136,7 @@ def environment(extra: dict[str, str]) -> dict[str, str]:
 
 def problem(case: Case, tmp: Path) -> str | None:
     """None when the case is clear; else what is wrong with its answer."""
-    argv = [sys.executable, "-m", "polar.cli", *(a.replace("{tmp}", str(tmp)) for a in case.argv)]
+    argv = [sys.executable, *case.program, *(a.replace("{tmp}", str(tmp)) for a in case.argv)]
     stdout: int = subprocess.PIPE
     if case.closed_stdout:
         read_end, stdout = os.pipe()
