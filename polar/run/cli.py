@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -123,7 +124,8 @@ def run(args: argparse.Namespace) -> int:
                     args.workdir.resolve() if args.workdir else None, args.task_id or "local",
                     confdir=args.confdir.expanduser())
     try:
-        result = run_session(cfg, engine, proxy)
+        with Progress(None if proxy else cfg.out / "captures"):  # a reused proxy's folder has others' calls
+            result = run_session(cfg, engine, proxy)
     except (ServiceError, SandboxError, ValueError, OSError) as e:
         print(f"polar run: {e}", file=sys.stderr)
         return 2
@@ -173,7 +175,8 @@ def run_task(args: argparse.Namespace) -> int:
     cfg = SampleConfig(task, spec, out, sample_id, task.task_id, args.runtime, args.via, args.model_name,
                        confdir=args.confdir.expanduser(), sampling=sampling)
     try:
-        result = run_sample(cfg, engine, proxy)
+        with Progress(None if proxy else out / "services" / "captures"):
+            result = run_sample(cfg, engine, proxy)
     except (ServiceError, ValueError, OSError) as e:
         print(f"polar run: {e}", file=sys.stderr)
         return 2
@@ -201,6 +204,43 @@ def _check_image(image: str | None, where: str) -> None:
     if not Path(image).exists():
         raise ValueError(f"{where} {image}: no such file or directory (a SIF, a sandbox directory, an OCI image "
                          "name or `host`)")
+
+
+class Progress:
+    """While a run goes on, one line on a terminal every `interval_s`: LLM calls so far and time elapsed, read
+    from the capture folder (a run otherwise shows nothing until it ends). Silent when stderr is not a terminal
+    or there is no folder of this run's own (`captures` None)."""
+
+    def __init__(self, captures: Path | None, interval_s: float = 10.0) -> None:
+        self.captures, self.interval_s = captures, interval_s
+        self.start, self.done = time.monotonic(), threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self) -> Progress:
+        if self.captures is not None and sys.stderr.isatty():
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.done.set()
+
+    def line(self) -> str:
+        root = self.captures
+        files = sorted(root.glob("*/*.jsonl")) if root is not None and root.is_dir() else []
+        calls = sum(_count_lines(f) for f in files)
+        return f"polar run: {calls} LLM calls so far, {time.monotonic() - self.start:.0f}s elapsed"
+
+    def _loop(self) -> None:
+        while not self.done.wait(self.interval_s):
+            print(self.line(), file=sys.stderr, flush=True)
+
+
+def _count_lines(path: Path) -> int:
+    try:
+        with path.open("rb") as f:
+            return sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
+    except OSError:  # rotated or removed under us: the next line counts again
+        return 0
 
 
 def cause_lines(out: Path, files: list[Path], tail: int = 5) -> list[str]:

@@ -148,3 +148,14 @@ def test_the_cause_of_an_error_is_named(tmp_path):
                      f"LLM calls with an error: 1; last: {error}", "harness stderr (last lines):",
                      "  line 36", "  line 37", "  line 38", "  line 39", "  Fatal: no reply"]
     assert cause_lines(tmp_path / "nothing", []) == []
+
+
+def test_progress_counts_the_calls_so_far(tmp_path):
+    from polar.run.cli import Progress
+
+    (tmp_path / "t1").mkdir()
+    (tmp_path / "t1" / "s1.jsonl").write_text("{}\n{}\n")
+    (tmp_path / "t1" / "s2.jsonl").write_text("{}\n")
+    with Progress(tmp_path) as progress:
+        assert progress.line().startswith("polar run: 3 LLM calls so far, ")
+    assert Progress(None).line().startswith("polar run: 0 LLM calls so far")
