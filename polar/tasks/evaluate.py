@@ -97,7 +97,9 @@ def _command(spec: EvaluatorSpec, sandbox: Sandbox, mounts: Mounts, out: Path, t
     try:
         text = read_beneath(mounts.workspace, spec.reward_file).decode(errors="replace")
     except AgentFileError as e:
-        return Evaluation(0.0, output + f"\n[polar] {e}: reward 0", result.exit_code, str(e))
+        # `tests && echo 1 > reward.txt` writes no file when the tests fail: that is the verifier's own 0
+        own_zero = isinstance(e, AgentFileMissing) and result.exit_code not in (0, None)
+        return Evaluation(0.0, output + f"\n[polar] {e}: reward 0", result.exit_code, None if own_zero else str(e))
     return _parsed(text.strip(), spec.reward_file, output, result.exit_code)
 
 

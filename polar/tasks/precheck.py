@@ -18,6 +18,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from polar.sandbox.identity import copy_without_privileges
 from polar.sandbox.runtime import get_runtime
 from polar.tasks.evaluate import Evaluation, EvaluatorCrash, evaluate
 from polar.tasks.spec import TaskSpec
@@ -93,7 +94,7 @@ def _pristine(workspace: Path | None, dest: Path) -> None:
     if workspace is None:
         dest.mkdir()
     elif workspace.is_dir():
-        shutil.copytree(workspace, dest, symlinks=True)
+        copy_without_privileges(workspace, dest)  # holes stay holes: a task may ship a large sparse file
     else:
         with tarfile.open(workspace, "r:gz") as tar:
             tar.extractall(dest, filter="data")
