@@ -36,7 +36,8 @@ def test_a_verifier_without_a_reward_is_named(tmp_path, command: str, reward: st
     assert not (tmp_path / "check").exists()  # its scratch is removed
 
 
-@pytest.mark.parametrize("command, reward", [("exit 1", "exit"), ("echo 0", "stdout"), ("grep -q x calc.py", "exit")])
+@pytest.mark.parametrize("command, reward", [("exit 1", "exit"), ("echo 0", "stdout"), ("grep -q x calc.py", "exit"),
+                                             ("false && echo 1 > reward.txt", "file")])  # no file: its own 0
 def test_a_zero_on_the_untouched_workspace_is_a_reward(tmp_path, command: str, reward: str) -> None:
     assert check_verifier(task(command, reward, f"ok-{abs(hash(command))}"), "bwrap", tmp_path / "c") is None
 
