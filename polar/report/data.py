@@ -153,7 +153,8 @@ def _sample_rows(layout: Layout, traj: pd.DataFrame) -> pd.DataFrame:
                          "harness": r.get("adapter") or "unknown", "status": r["status"],
                          "failure": r.get("failure"), "reason": r.get("reason"), "reward": r.get("reward"),
                          "node": r.get("node"), "timings": r.get("timings") or {},
-                         "tampered": list(r.get("tampered") or [])})
+                         "tampered": list(r.get("tampered") or []), "attempts": int(r.get("attempts") or 1),
+                         "reassigned_from": list(r.get("reassigned_from") or [])})
         return pd.DataFrame(rows)
     timings = dict((layout.info.get("timings") or {})) if layout.kind == "run" else {}
     rows = []
@@ -163,9 +164,12 @@ def _sample_rows(layout: Layout, traj: pd.DataFrame) -> pd.DataFrame:
         rows.append({"sample_id": sample_id, "task_id": first["task_id"], "group_id": first["group_id"],
                      "harness": first["harness"], "status": first["status"], "failure": outcome.get("failure"),
                      "reason": outcome.get("reason"), "reward": first["reward"], "node": None, "timings": timings,
-                     "tampered": list((first["meta"].get("task") or {}).get("tampered") or [])})
+                     "tampered": list((first["meta"].get("task") or {}).get("tampered") or []),
+                     "attempts": int((first["meta"].get("sample") or {}).get("attempts") or 1),
+                     "reassigned_from": list((first["meta"].get("sample") or {}).get("reassigned_from") or [])})
     return pd.DataFrame(rows, columns=["sample_id", "task_id", "group_id", "harness", "status", "failure",
-                                       "reason", "reward", "node", "timings", "tampered"])
+                                       "reason", "reward", "node", "timings", "tampered", "attempts",
+                                       "reassigned_from"])
 
 
 def _join_samples(samples: pd.DataFrame, traj: pd.DataFrame, calls: pd.DataFrame) -> pd.DataFrame:

@@ -106,6 +106,13 @@ def status(d: ReportData) -> str:
                          "start-up hooks left in HOME; restored before scoring):"))
         body.append(table(["sample", "task", "reward", "tampered"],
                           [[r.sample_id, r.task_id, r.reward, ", ".join(r.tampered)] for r in tampered.itertuples()]))
+    moved = s[s["reassigned_from"].map(bool)] if "reassigned_from" in s else s.iloc[:0]
+    if len(moved):
+        body.append(note(f"{len(moved)} sample(s) reassigned: their node was lost, they started again elsewhere "
+                         "(the lost attempt's captures are kept as abandoned, never trained on):"))
+        body.append(table(["sample", "status", "reward", "attempts", "reassigned from"],
+                          [[r.sample_id, r.status, r.reward, r.attempts, ", ".join(r.reassigned_from)]
+                           for r in moved.itertuples()]))
     return section("status", "Status and failure reasons", body)
 
 

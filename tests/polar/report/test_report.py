@@ -174,7 +174,8 @@ def make_batch(root: Path, tiny_model_dir: Path) -> Path:
                   "evaluator_output": "", "timings": {"prepare_s": 1.0 + i, "run_s": 5.0, "evaluate_s": 0.5,
                                                       "postrun_s": 0.25},
                   "trajectories": str(built.path), "capture_files": [str(capture)], "node": "node-1",
-                  "tampered": ["conftest.py"] if i == 1 else []}
+                  "tampered": ["conftest.py"] if i == 1 else [],
+                  "attempts": 2 if i == 2 else 1, "reassigned_from": ["node-2"] if i == 2 else []}
         (folder / "result.json").write_text(json.dumps(result))
     (root / "batch.json").write_text(json.dumps({"batch_id": "b1", "engine": "polar serve (reference)",
                                                  "model": str(tiny_model_dir), "wall_s": 42.0, "group_size": 2}))
@@ -194,6 +195,8 @@ def test_batch_page_in_chromium(tmp_path, tiny_model_dir):
         assert f'data-plot="{plot}"' in rendered, plot
     assert "sandbox failed to start" in rendered and "agent_timeout" in rendered
     assert "1 sample(s) tampered with the verifier" in rendered
+    assert "1 sample(s) reassigned" in rendered  # its node was lost (workers/heartbeat.py)
+    assert re.search(r"<td[^>]*>2</td><td[^>]*>node-2</td>", rendered)
     assert re.search(r"<td[^>]*>fix-a-pi-1</td><td[^>]*>fix-a</td><td[^>]*>0</td><td[^>]*>conftest.py</td>", rendered)
     assert rendered.count('<tr><td><a href="#traj=') == 6  # one table row per sample, each linked
     # parts scored one sample at a time: the page computes the group advantages over the batch
