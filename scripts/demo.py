@@ -15,13 +15,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
-import subprocess
 import sys
 import time
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from pathlib import Path
-from typing import Iterator
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ROOT = Path(__file__).resolve().parent.parent
@@ -60,31 +57,6 @@ def tasks_file(out: Path, harnesses: list[str], only: list[str] | None) -> Path:
     path = out / "tasks.yaml"
     path.write_text(yaml.safe_dump({"tasks": entries}, sort_keys=False))
     return path
-
-
-@contextmanager
-def worker_node(env: dict[str, str], log: Path, concurrency: int) -> Iterator[subprocess.Popen]:
-    """One `celery -A workers worker` node (it starts its own proxy); ready when its log says so."""
-    cmd = [sys.executable, "-m", "celery", "-A", "workers", "worker", "-n", f"{env['POLAR_NODE']}@%h",
-           "-c", str(concurrency), "-P", "prefork", "--loglevel", "INFO", "--without-gossip", "--without-mingle"]
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 300
-        while " ready." not in log.read_text(errors="replace"):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise DemoError(f"the worker node did not start; its log: {log}\n"
-                                f"{log.read_text(errors='replace')[-2000:]}")
-            time.sleep(0.3)
-        yield proc
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)  # warm shutdown: the node stops its proxy
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(10)
 
 
 def node_env(out: Path, broker: str, sessions: str, engine: str, model: Path, runtime: str) -> dict[str, str]:
@@ -127,7 +99,7 @@ def summary_lines(batch_dir: Path, wall_s: float) -> list[str]:
 def run_batch(args: argparse.Namespace, out: Path) -> Path:
     from workers.client import PolarClient
     from polar.run.local_redis import private_redis
-    from polar.run.services import context_view, reference_server
+    from polar.run.services import context_view, reference_server, worker_node
     from workers.cli import follow
 
     t0 = time.monotonic()
@@ -138,7 +110,7 @@ def run_batch(args: argparse.Namespace, out: Path) -> Path:
         model = context_view(MODEL, 65536, out / "services" / "model")  # harness prompts are long
         engine = stack.enter_context(reference_server(model, args.policy, out / "services" / "serve.log"))
         stack.enter_context(worker_node(node_env(out, broker, sessions, engine, model, args.runtime),
-                                        out / "services" / "worker.log", args.concurrency))
+                                        out / "services" / "worker.log", args.concurrency, ROOT))
         client = PolarClient(broker, sessions)
         tasks = tasks_file(out / "services", args.harness, args.task)
         batch = client.submit(tasks, group_size=args.group_size, out=out.parent, batch_id=out.name)

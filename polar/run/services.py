@@ -4,8 +4,10 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import signal
 import subprocess
 import sys
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -130,3 +132,30 @@ def start_proxy(tokenizer: Path, backend: str, capture_dir: Path, confdir: Path,
         yield ProxyHandle(host, p1, p2, ca, capture_dir, sessions)
     finally:
         stop(proc)
+
+
+@contextmanager
+def worker_node(env: dict[str, str], log: Path, concurrency: int, cwd: Path,
+                timeout_s: float = 300.0) -> Iterator[subprocess.Popen]:
+    """One `celery -A workers worker` node named by env's POLAR_NODE (it starts its own proxy), ready when its
+    log says so; warm-shutdown (SIGTERM, so it stops its proxy) on the way out, killed if that hangs."""
+    cmd = [sys.executable, "-m", "celery", "-A", "workers", "worker", "-n", f"{env['POLAR_NODE']}@%h",
+           "-c", str(concurrency), "-P", "prefork", "--loglevel", "INFO", "--without-gossip", "--without-mingle"]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while " ready." not in log.read_text(errors="replace"):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the worker node did not start; its log: {log}\n"
+                                   f"{log.read_text(errors='replace')[-2000:]}")
+            time.sleep(0.3)
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)
