@@ -53,6 +53,9 @@ TMP_BYTES = 1 << 30  # the private /tmp (tmpfs, counted in the container's memor
 NOFILE = 65536  # at most our own hard limits: root without CAP_SYS_RESOURCE cannot raise them
 NPROC = 16384  # per host uid, so shared by every sample's polar-sandbox processes; --pids-limit bounds one
 CLI_TIMEOUT_S = 300.0  # an engine command (not an exec) that takes longer is hung
+# podman's conmon writes a file named `oom` into the folder `run` was started from when a container is OOM
+# killed: the engine runs from a folder of its own, not the caller's (a checkout, a workspace).
+CLI_CWD = Path(tempfile.gettempdir()) / "polar-container-cli"
 # The first process reaps orphans (a plain `sleep` would leave them as zombies, counted by --pids-limit): the
 # image's python3, or a shell loop in an image without one.
 REAPER = ("import os, signal, time\nsignal.signal(signal.SIGTERM, lambda *_: os._exit(0))\nwhile True:\n"
@@ -83,8 +86,9 @@ class Engine:
 
     def run(self, args: Sequence[str], check: bool = True, stdin: int | None = None,
             timeout: float = CLI_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
+        CLI_CWD.mkdir(mode=0o700, exist_ok=True)
         proc = subprocess.run([*self.base(), *args], env=self.env(), stdin=stdin, capture_output=True, text=True,
-                              timeout=timeout)
+                              timeout=timeout, cwd=CLI_CWD)
         if check and proc.returncode != 0:
             raise SandboxError(f"docker runtime: `{self.kind} {' '.join(args[:2])}` failed: "
                                f"{' '.join(proc.stderr.split())[-600:]}")
