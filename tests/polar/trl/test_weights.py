@@ -2,8 +2,8 @@
 fence, report the same version, and then sample with exactly those weights."""
 from __future__ import annotations
 
+from contextlib import ExitStack
 from pathlib import Path
-from typing import Callable
 
 import httpx
 import pytest
@@ -12,6 +12,7 @@ import torch
 from polar.trl.logprobs import recompute
 from polar.trl.rollouts import Row
 from polar.trl.weights import FenceWeightTransfer, engine_versions
+from polar_serve.launch import reference_server
 
 
 class FakeFence:
@@ -34,11 +35,16 @@ def generate(url: str, prompt: list[int]) -> tuple[list[int], list[float]]:
     return body["output_ids"], [t[0] for t in body["meta_info"]["output_token_logprobs"]]
 
 
-def test_two_replicas_reload_inside_the_fence(tmp_path: Path, tiny_model_dir: Path,
-                                              start_reference_server: Callable[..., str]):
+def test_two_replicas_reload_inside_the_fence(tmp_path: Path, tiny_model_dir: Path):
+    with ExitStack() as stack:  # two servers of this test's own: the suite's shared one keeps its weights
+        engines = [stack.enter_context(reference_server(tiny_model_dir)) for _ in range(2)]
+        assert engines[0] != engines[1]
+        reload_both(tmp_path, tiny_model_dir, engines)
+
+
+def reload_both(tmp_path: Path, tiny_model_dir: Path, engines: list[str]) -> None:
     from transformers import AutoModelForCausalLM
 
-    engines = [start_reference_server(None, tiny_model_dir), start_reference_server(None, tiny_model_dir)]
     fence = FakeFence(engines)
     sync = FenceWeightTransfer(fence, engines, tiny_model_dir, tmp_path / "weights",
                                version=int(engine_versions(engines)[0]))
