@@ -41,7 +41,8 @@ TASKS = {
     "count": {"instruction": "Count to three.",
               "evaluator": {"command": "test $(wc -l < count.txt) -eq 3", "timeout_s": 30}},
     "exit127": {"instruction": "Break the verifier.",  # the scorer imports the agent's answer.py, which exits 127
-                "evaluator": {"command": "python3 -I -c 'import sys; sys.path.insert(0, \".\"); import answer'",
+                # prints 0 first: on the untouched workspace (no answer.py) that is its reward (polar/tasks/precheck.py)
+                "evaluator": {"command": "python3 -I -c 'import sys; print(0); sys.path.insert(0, \".\"); import answer'",
                               "reward": "stdout", "timeout_s": 30}},
 }
 
@@ -251,7 +252,8 @@ def test_unreachable_image_is_retried_then_masked(cluster: Cluster):
     cli = subprocess.run([sys.executable, "-m", "polar.cli", "submit", str(tasks), "--group-size", "1", "--wait",
                           "--timeout", "300", "--out", str(cluster.root / "batches"), "--broker", cluster.broker,
                           "--sessions", cluster.sessions], cwd=ROOT, capture_output=True, text=True, timeout=400)
-    assert cli.returncode == 0, cli.stdout + cli.stderr
+    assert cli.returncode == 1, cli.stdout + cli.stderr  # a masked sample fails `--wait` (--max-masked 0)
+    assert "1 of 1 samples masked" in cli.stdout + cli.stderr
     batch = cluster.client.batch(cli.stdout.split()[1].rstrip(":"))
     assert "masked" in cli.stdout and "no-such-image" in cli.stdout  # the final summary
     assert "1/1" in cli.stderr  # tqdm's bar
