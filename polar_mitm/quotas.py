@@ -116,7 +116,3 @@ class SessionQuotas:
             self._usage[key].prune(now)
             if self._usage[key].idle:
                 del self._usage[key]
-
-    def inflight(self, key: Key) -> int:
-        usage = self._usage.get(key)
-        return len(usage.flows) if usage else 0

@@ -216,17 +216,22 @@ def test_a_frozen_node_that_comes_back_runs_nothing_twice(nodes: Nodes):
     assert [n.state for n in nodes.client.nodes() if n.node == "n1"] == ["alive"]
 
 
-def test_a_drained_node_finishes_its_samples_and_takes_no_new_ones(nodes: Nodes):
-    batch = nodes.submit(("slow-d", "slow"), group_size=8)
-    running = nodes.wait_running(batch, "n1", 1)
-    argv = ["--broker", nodes.broker]
-    assert main(["node", "drain", "n1", "--deadline", "120", *argv]) == 0
+def check_drained_in_place(nodes: Nodes, batch, running: list[str]) -> None:
+    """n1 drains: what it held then (its running samples among them) finishes there, in one attempt; the rest on n2."""
     held = nodes.held_when_draining(batch, "n1")
     finished(nodes, batch)
     results = check_each_once(nodes, batch)
     assert set(running) <= held
     for sid, res in results.items():
         assert res["node"] == ("n1" if sid in held else "n2") and res["attempts"] == 1, res
+
+
+def test_a_drained_node_finishes_its_samples_and_takes_no_new_ones(nodes: Nodes):
+    batch = nodes.submit(("slow-d", "slow"), group_size=8)
+    running = nodes.wait_running(batch, "n1", 1)
+    argv = ["--broker", nodes.broker]
+    assert main(["node", "drain", "n1", "--deadline", "120", *argv]) == 0
+    check_drained_in_place(nodes, batch, running)
     [n1] = [n for n in nodes.client.nodes() if n.node == "n1"]
     assert (n1.state, n1.load) == ("draining", 0)
     assert main(["node", "undrain", "n1", *argv]) == 0
@@ -249,12 +254,7 @@ def test_sigterm_drains_then_stops(nodes: Nodes):
     running = nodes.wait_running(batch, "n1", 1)
     n1 = nodes.nodes["n1"]
     n1.proc.send_signal(signal.SIGTERM)  # the main process only, as `celery multi stop` or systemd's mixed mode
-    held = nodes.held_when_draining(batch, "n1")
-    finished(nodes, batch)
-    results = check_each_once(nodes, batch)
-    assert set(running) <= held
-    for sid, res in results.items():
-        assert res["node"] == ("n1" if sid in held else "n2") and res["attempts"] == 1, res
+    check_drained_in_place(nodes, batch, running)
     assert n1.proc.wait(60) == 0
     assert [n.state for n in nodes.client.nodes() if n.node == "n1"] == ["stopped"]
     nodes.restart("n1")
