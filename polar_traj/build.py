@@ -127,6 +127,9 @@ def _trajectory(session: Session, calls: Sequence[CallRecord], start: ChainStart
     prompt, response, mask, logprobs = chain_tokens(calls)
     versions = [c.policy_version for c in calls if c.policy_version is not None]
     meta = _metadata(calls, start, errors, len(prompt) + len(response))
+    first = calls[0].request or session.payload(calls[0].call_id)[0]
+    if agent := chain_agent(first):
+        meta["agent"] = agent
     if config.keep_conversation:
         last = calls[-1]
         request, reply = (last.request, last.response) if last.request else session.payload(last.call_id)
@@ -138,6 +141,15 @@ def _trajectory(session: Session, calls: Sequence[CallRecord], start: ChainStart
         logprobs=logprobs, policy_versions=(min(versions, default=None), max(versions, default=None)),
         metadata=meta, group_id=session.task_id,
     )
+
+
+def chain_agent(request: dict[str, Any]) -> str | None:
+    """Which agent of a multi-agent run made a chain: `metadata.agent` of its first request, OpenAI's own
+    request tag map (chat and Responses), which frameworks fill per agent from their model settings
+    (adapters/frameworks/README.md). None when the harness names no agent."""
+    tags = request.get("metadata")
+    agent = tags.get("agent") if isinstance(tags, dict) else None
+    return agent if isinstance(agent, str) and agent else None
 
 
 def _metadata(calls: Sequence[CallRecord], start: ChainStart | None, errors: list[dict[str, str | None]],

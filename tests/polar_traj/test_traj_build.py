@@ -180,3 +180,19 @@ def test_metadata_names_the_engines_of_a_session_that_moved(capture, write_recor
     assert t.metadata["rendered_calls"] == {"c1": "rendered:engine_moved"}
     (u,), _ = built(capture / "one-engine", write_records, [c0])
     assert u.metadata["engines"] == [a]
+
+
+def test_each_chain_names_the_agent_its_framework_tagged(capture, write_records, make_record):
+    """Two agents in one session (a handoff): each chain's metadata.agent is its first request's
+    `metadata.agent`; a request without the tag names no agent."""
+    def asked(agent):
+        tags = {"metadata": {"agent": agent}} if agent else {}
+        return {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], **tags}
+
+    triage = make_record(P0, [40, EOT], call_id="t0", request=asked("triage"))
+    coder = make_record([7, 7, 7], [41, EOT], call_id="c0", request=asked("coder"))
+    coder_next = make_record([7, 7, 7, 41, EOT, 50], [42, EOT], call_id="c1", request=asked("coder"))
+    plain = make_record([9, 9], [43, EOT], call_id="p0", request=asked(None))
+    trajectories, _ = built(capture, write_records, [triage, coder, coder_next, plain])
+    assert {tuple(t.call_ids): t.metadata.get("agent") for t in trajectories} == {
+        ("t0",): "triage", ("c0", "c1"): "coder", ("p0",): None}
