@@ -148,10 +148,11 @@ class Dispatcher:
                 replica.inflight -= 1
 
         replica, (status, raw) = await self.on_replica(call, send)
-        replica.served += 1
         data = engine_json(raw)
         if status != 200:
+            replica.served += 1
             raise engine_refused(status, data)
+        self.engines.pool.answered(replica)
         try:
             apply_chunk(self.options.engine, data, call.output)
         except EngineError as e:

@@ -116,11 +116,12 @@ class StreamRelay:
         try:
             async with upstream:
                 if upstream.status != 200:
+                    replica.served += 1
                     return self._error(call, engine_refused(upstream.status, engine_json(await upstream.read())))
+                self.dispatch.engines.pool.answered(replica)
                 response = await self._relay(call, replica, upstream, request)
         finally:
             replica.inflight -= 1
-        replica.served += 1
         return response
 
     async def _relay(self, call: Call, replica: Replica, upstream: aiohttp.ClientResponse,

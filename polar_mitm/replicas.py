@@ -3,14 +3,17 @@
 A session's next prompt extends its previous one, so keeping the session on one replica turns its history into
 a prefix-cache hit there. Each new session goes to the least-loaded replica that is up (fewest calls in flight
 from this proxy, then fewest sessions placed) and stays there. A replica that stops answering (connection
-refused, the engine timeout, failed health probes) is marked down; its sessions move on their next call, and a
-replica that answers its probe again takes new sessions. With sessions in Redis the placement is shared, so
+refused, the engine timeout, failed health probes) is marked down; its sessions move on their next call when another
+replica is up (when none is, they stay: a move would only break their chains), and a replica that answers its
+probe (or a call) again takes new sessions. A replica that has never answered is not marked down by its probes
+during a start-up grace period (the proxy may start a moment before its engines). With sessions in Redis the placement is shared, so
 every proxy sends a session to the same replica (`polar:engine:<task_id>/<session_id>`).
 """
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
@@ -23,6 +26,7 @@ from polar_mitm.engines import placement_key
 log = logging.getLogger(__name__)
 PROBE_TIMEOUT_S = 5.0
 PROBE_MISSES = 2  # a probe that times out or answers non-200 this many times in a row marks the replica down
+START_GRACE_S = 30.0  # probes of a replica that never answered do not mark it down this long after the start
 
 
 @dataclass
@@ -35,6 +39,7 @@ class Replica:
     placed: int = 0  # sessions placed there by this proxy
     served: int = 0  # calls answered there
     misses: int = 0  # consecutive failed probes
+    seen: bool = False  # it answered a probe or a call at least once
 
     @property
     def state(self) -> str:
@@ -42,9 +47,11 @@ class Replica:
 
 
 class EnginePool:
-    def __init__(self, urls: tuple[str, ...], timeouts: Timeouts, placement: str = "least_loaded") -> None:
+    def __init__(self, urls: tuple[str, ...], timeouts: Timeouts, placement: str = "least_loaded",
+                 grace_s: float = START_GRACE_S) -> None:
         self.replicas = [Replica(url, EngineClient(url, timeouts)) for url in urls]
         self.placement = placement
+        self.grace_until = time.monotonic() + grace_s
         self._turn = 0
 
     def get(self, url: str | None) -> Replica | None:
@@ -73,7 +80,23 @@ class EnginePool:
     def mark_up(self, replica: Replica) -> None:
         if not replica.up:
             log.warning("polar: engine %s is up again; it takes new sessions", replica.url)
-        replica.up, replica.why_down, replica.misses = True, "", 0
+        replica.up, replica.why_down, replica.misses, replica.seen = True, "", 0, True
+
+    def answered(self, replica: Replica) -> None:
+        """A call was served there: it is up, whatever its last probe said."""
+        replica.served += 1
+        if not replica.up or not replica.seen:
+            self.mark_up(replica)
+
+    def any_up(self, exclude: frozenset[str] = frozenset()) -> bool:
+        return any(r.up and r.url not in exclude for r in self.replicas)
+
+    def _probe_failed(self, replica: Replica, why: str, at_once: bool) -> None:
+        if not replica.seen and time.monotonic() < self.grace_until:
+            return  # still starting, perhaps: a call that fails there marks it down (fail_over)
+        replica.misses += 1
+        if at_once or replica.misses >= PROBE_MISSES:
+            self.mark_down(replica, why)
 
     async def probe(self, replica: Replica) -> None:
         """GET /health (SGLang, vLLM and polar serve all answer it)."""
@@ -84,7 +107,7 @@ class EnginePool:
                 ok, why = r.status == 200, f"health probe answered {r.status}"
         except aiohttp.ClientConnectionError as e:
             if not isinstance(e, aiohttp.ServerTimeoutError):
-                self.mark_down(replica, f"health probe: {type(e).__name__}")
+                self._probe_failed(replica, f"health probe: {type(e).__name__}", at_once=True)
                 return
             ok, why = False, "health probe timed out"
         except asyncio.TimeoutError:
@@ -92,9 +115,7 @@ class EnginePool:
         if ok:
             self.mark_up(replica)
             return
-        replica.misses += 1
-        if replica.misses >= PROBE_MISSES:
-            self.mark_down(replica, why)
+        self._probe_failed(replica, why, at_once=False)
 
     async def probe_all(self) -> None:
         await asyncio.gather(*(self.probe(r) for r in self.replicas))
@@ -165,8 +186,9 @@ class Engines:
         self.shared: SharedPlacement | None = None
         self._tasks: list[asyncio.Task] = []
 
-    def configure(self, urls: tuple[str, ...], timeouts: Timeouts, placement: str) -> None:
-        old, self.pool = self.pool, EnginePool(urls, timeouts, placement)
+    def configure(self, urls: tuple[str, ...], timeouts: Timeouts, placement: str,
+                  grace_s: float = START_GRACE_S) -> None:
+        old, self.pool = self.pool, EnginePool(urls, timeouts, placement, grace_s)
         if any(r.client.opened for r in old.replicas):  # a reconfigure while running: free the old pool
             asyncio.get_running_loop().create_task(old.close())
 
@@ -203,8 +225,10 @@ class Engines:
 
     async def place(self, key: tuple[str, str], state: Placed, tried: frozenset[str] = frozenset()) -> Replica:
         """The replica for the session's next call: where it was placed (by this proxy or, through Redis, any
-        other), else a new choice. A session whose replica is down (or in `tried`) moves: `move_to` restarts
-        its history, so the next prompt is rendered in full and labelled `rendered:engine_moved`."""
+        other), else a new choice. A session whose replica is down (or in `tried`) moves when another replica
+        is up: `move_to` restarts its history, so the next prompt is rendered in full and labelled
+        `rendered:engine_moved`. When no other replica is known to be up, a session stays where it is (its
+        replica failing this very call, `tried`, is the one reason to move anyway)."""
         pool = self.pool
         shared_key = placement_key(*key)
         if state.engine is None and self.shared is not None:
@@ -212,7 +236,7 @@ class Engines:
             if state.engine is not None and pool.get(state.engine) is None:
                 state.engine = None  # placed by a proxy that knows other engines
         current = pool.get(state.engine)
-        if current is not None and current.up and current.url not in tried:
+        if current is not None and current.url not in tried and (current.up or not pool.any_up(tried)):
             return current
         chosen = pool.choose(tried)
         if chosen is current:  # nothing else to go to (e.g. a single engine, marked down): stay, keep the chain

@@ -82,6 +82,8 @@ class Router:
         loader.add_option("polar_engine_placement", str, "least_loaded",
                           "Where a new session goes: least_loaded (fewest calls in flight) or round_robin.")
         loader.add_option("polar_engine_probe_interval", int, 5, "Seconds between health probes of each engine.")
+        loader.add_option("polar_engine_start_grace", int, 30,
+                          "Seconds after the start in which probes do not mark down an engine that never answered.")
         loader.add_option("polar_engine_status_interval", int, 60,
                           "Seconds between log lines of per-engine calls in flight and sessions; 0 = off.")
         loader.add_option("polar_engine", str, "sglang", "Token API of the backend: sglang (/generate) or vllm.")
@@ -99,8 +101,12 @@ class Router:
 
     def configure(self, updated) -> None:
         opts = ctx.options
+        if "polar_engine_start_grace" in updated and opts.polar_engine_start_grace < 0:
+            raise OptionsError(f"polar_engine_start_grace: expected 0 (none) or a number of seconds, "
+                               f"got {opts.polar_engine_start_grace}")
         for name in ("polar_backend", "polar_engine", "polar_engine_timeout", "polar_engine_first_byte_timeout",
                      "polar_engine_placement", "polar_engine_probe_interval", "polar_engine_status_interval",
+                     "polar_engine_start_grace",
                      "polar_session_ttl", "polar_max_sessions", "polar_max_tokens", "polar_engine_model"):
             if name in updated:
                 try:
@@ -126,10 +132,10 @@ class Router:
         elif name == "polar_engine_model":
             dispatch.options = replace(dispatch.options, engine_model=value or None)
         elif name in ("polar_backend", "polar_engine_timeout", "polar_engine_first_byte_timeout",
-                      "polar_engine_placement"):
+                      "polar_engine_placement", "polar_engine_start_grace"):
             timeouts = Timeouts(parse_positive(opts.polar_engine_timeout), parse_positive(opts.polar_engine_first_byte_timeout))
             self.engines.configure(parse_backends(opts.polar_backend), timeouts,
-                                   parse_placement(opts.polar_engine_placement))
+                                   parse_placement(opts.polar_engine_placement), opts.polar_engine_start_grace)
         elif name == "polar_engine_status_interval":
             if value < 0:
                 raise ValueError(f"expected 0 (off) or a number of seconds, got {value}")

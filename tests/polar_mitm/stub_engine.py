@@ -1,6 +1,7 @@
 """A zero-compute stand-in for an SGLang engine, written for the proxy's failure and memory tests: it answers
 `/generate` at once with fixed token ids, or misbehaves on purpose (`mode`): `hang` accepts and never
-answers, `die` streams two tokens and then drops the connection. Runs on 127.0.0.1 in a background thread."""
+answers, `die` streams two tokens and then drops the connection. `/health` answers `health` (200; a 503 plays an
+engine reloading its weights). Runs on 127.0.0.1 (port 0: any free one) in a background thread."""
 from __future__ import annotations
 
 import asyncio
@@ -11,8 +12,8 @@ from aiohttp import web
 
 
 class StubEngine:
-    def __init__(self, ids: list[int]) -> None:
-        self.ids, self.mode, self.requests = ids, "ok", 0
+    def __init__(self, ids: list[int], port: int = 0) -> None:
+        self.ids, self.mode, self.requests, self.health, self.port = ids, "ok", 0, 200, port
         self.bodies: list[dict] = []  # every /generate body received, in order
         self.url = ""
         self._ready = threading.Event()
@@ -24,13 +25,17 @@ class StubEngine:
         asyncio.set_event_loop(self._loop)
         app = web.Application()
         app.router.add_post("/generate", self._generate)
+        app.router.add_get("/health", self._health)
         runner = web.AppRunner(app, access_log=None)
         self._loop.run_until_complete(runner.setup())
-        site = web.TCPSite(runner, "127.0.0.1", 0)
+        site = web.TCPSite(runner, "127.0.0.1", self.port)
         self._loop.run_until_complete(site.start())
         self.url = "http://127.0.0.1:%d" % site._server.sockets[0].getsockname()[1]
         self._ready.set()
         self._loop.run_forever()
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.Response(status=self.health)
 
     def _meta(self, ids: list[int], done: bool) -> dict:
         return {"text": "", "output_ids": ids, "meta_info": {

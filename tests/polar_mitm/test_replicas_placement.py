@@ -58,3 +58,28 @@ def test_a_single_engine_marked_down_keeps_its_sessions_chains():
     assert place(e, history) == A and not history.moved  # nothing to move to: tried anyway, chain kept
     with pytest.raises(ProviderError, match="no inference engine answered"):
         place(e, history, tried=frozenset({A}))
+
+
+def test_when_no_replica_is_up_a_session_stays_and_keeps_its_chain():
+    e = engines(A, B)
+    history = SessionHistory()
+    assert place(e, history) == A
+    for r in e.pool.replicas:  # e.g. every engine restarting after a weight reload
+        e.pool.mark_down(r, "health probe answered 503")
+    assert [place(e, history) for _ in range(3)] == [A, A, A] and not history.moved
+    assert place(e, SessionHistory()) in (A, B)  # a new session is still placed (the probes may be stale)
+    assert place(e, history, tried=frozenset({A})) == B and history.moved  # A failed this very call: it moves
+
+
+def test_probes_do_not_mark_down_a_replica_that_never_answered_during_the_start_grace():
+    async def probe_twice(grace_s: float) -> EnginePool:
+        pool = EnginePool((A, B), Timeouts(), grace_s=grace_s)  # nothing listens there yet
+        await pool.probe_all()
+        await pool.probe_all()
+        await pool.close()
+        return pool
+
+    starting = asyncio.run(probe_twice(30))
+    assert all(r.up for r in starting.replicas)
+    late = asyncio.run(probe_twice(0))
+    assert not any(r.up for r in late.replicas) and "ClientConnectorError" in late.replicas[0].why_down
