@@ -13,7 +13,7 @@ SUBCOMMANDS = {
     "proxy": "polar_mitm.cli",
     "traj": "polar_traj.cli",
     "run": "polar.run.cli",
-    "submit": "workers.cli",  # also status, cancel, policy, node
+    "submit": "workers.cli",  # also status, batches, cancel, policy, node, nodes
     "report": "polar.report.cli",
 }
 

@@ -21,6 +21,8 @@ import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
+from workers import events
+
 PREFIX = "polar:batch:"
 STAGES = ("queued", "prepare", "run", "evaluate", "postrun", "retry")
 FINAL = ("done", "masked", "cancelled")
@@ -85,6 +87,7 @@ def create(r: redis.Redis, batch_id: str, manifest_path: str, samples: list[str]
     for k in (key(batch_id), key(batch_id, "samples")):
         pipe.expire(k, TTL_S)
     pipe.execute()
+    events.emit(r, "batch", batch_id=batch_id, status=RUNNING, samples=len(samples), groups=groups)
 
 
 def info(r: redis.Redis, batch_id: str) -> dict[str, str]:
@@ -92,6 +95,16 @@ def info(r: redis.Redis, batch_id: str) -> dict[str, str]:
     if not raw:
         raise KeyError(f"no batch {batch_id!r} in {r.connection_pool.connection_kwargs.get('path') or 'redis'}")
     return {k.decode(): v.decode() for k, v in raw.items()}
+
+
+def batch_ids(r: redis.Redis) -> list[str]:
+    """Every batch this broker still keeps (TTL_S after its creation), newest first."""
+    found = []
+    for raw in r.scan_iter(match=PREFIX + "*", count=1000):
+        name = raw.decode()[len(PREFIX):]
+        if ":" not in name and r.type(raw) == b"hash":  # the batch's own hash, not one of its sub-keys
+            found.append((float(r.hget(raw, "created") or 0), name))
+    return [name for _, name in sorted(found, reverse=True)]
 
 
 def status(r: redis.Redis, batch_id: str) -> str:
@@ -103,7 +116,10 @@ def set_status(r: redis.Redis, batch_id: str, new: str) -> bool:
     """Move a running batch to `new`; False when it had already finished (first writer wins)."""
     script = ("if redis.call('hget', KEYS[1], 'status') == 'running' then "
               "redis.call('hset', KEYS[1], 'status', ARGV[1]) return 1 end return 0")
-    return bool(r.eval(script, 1, key(batch_id), new))
+    changed = bool(r.eval(script, 1, key(batch_id), new))
+    if changed:
+        events.emit(r, "batch", batch_id=batch_id, status=new)
+    return changed
 
 
 def sample_state(r: redis.Redis, batch_id: str, sample_id: str) -> dict[str, Any]:
@@ -124,11 +140,16 @@ def update_sample(r: redis.Redis, batch_id: str, sample_id: str, if_task: str | 
     current task is still that one; None when it is not (the writer is stale)."""
     if "stage" in fields:
         fields[f"t_{fields['stage']}"] = time.time()
-    state = {**sample_state(r, batch_id, sample_id), **fields}
+    before = sample_state(r, batch_id, sample_id)
+    state = {**before, **fields}
     if if_task is None:
         r.hset(key(batch_id, "samples"), sample_id, json.dumps(state))
     elif not r.eval(_CAS, 1, key(batch_id, "samples"), sample_id, if_task, json.dumps(state)):
         return None
+    if "stage" in fields and fields["stage"] != before.get("stage"):  # a change of stage, not a stage's own writes
+        events.emit(r, "sample", batch_id=batch_id, sample_id=sample_id, stage=state["stage"],
+                    prev=before.get("stage"), node=state.get("node"), reward=state.get("reward"),
+                    status=state.get("status"))
     return state
 
 
@@ -153,7 +174,10 @@ def mark_group_done(r: redis.Redis, batch_id: str, group_id: str) -> int:
     pipe.sadd(k, group_id)
     pipe.scard(k)
     pipe.expire(k, TTL_S)
-    return int(pipe.execute()[1])
+    added, done = pipe.execute()[:2]
+    if added:  # a group written again (a redelivered message) is announced once
+        events.emit(r, "group", batch_id=batch_id, group_id=group_id, groups_done=int(done))
+    return int(done)
 
 
 def groups_done(r: redis.Redis, batch_id: str) -> set[str]:

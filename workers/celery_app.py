@@ -56,7 +56,13 @@ def _start_node(**_: object) -> None:
     from workers import batches, steps
     from workers.heartbeat import Heartbeat
 
-    node.start(settings)
+    from polar_mitm.cli import engine_model_mismatch
+    from workers.announce import say, startup_line
+
+    proxy = node.start(settings)
+    say(startup_line(settings, proxy, [q.name for q in app.conf.task_queues], node.log_path(settings)))
+    if (mismatch := engine_model_mismatch(settings.engine_url, settings.model_dir)) is not None:
+        say(f"polar node {settings.node}: warning: {mismatch}")
     messages = steps.Messages(app)
     _heartbeat = Heartbeat(settings, batches.connect(settings.broker), messages.enqueue, messages.revoke)
     _heartbeat.begin()

@@ -1,10 +1,11 @@
-"""`polar submit | status | cancel | policy | node`: batches on the rollout workers (`celery -A workers worker`)."""
+"""`polar submit | status | batches | cancel | policy | node | nodes`: batches on the rollout workers (`celery -A workers worker`)."""
 from __future__ import annotations
 
 import argparse
 import json
 import os
 import sys
+import time
 from dataclasses import asdict
 from pathlib import Path
 
@@ -33,6 +34,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--json", action="store_true", help="machine-readable")
     _broker(s)
     s.set_defaults(func=_checked(status))
+    b = sub.add_parser("batches", help="the batches this broker keeps, newest first, with their progress")
+    b.add_argument("--limit", type=int, default=20, help="show at most this many (0: all)")
+    b.add_argument("--json", action="store_true", help="machine-readable")
+    _broker(b)
+    b.set_defaults(func=_checked(list_batches))
+    ns = sub.add_parser("nodes", help="the rollout nodes: alive, draining, stopped or lost, with their load")
+    _broker(ns)
+    ns.set_defaults(func=_checked(node), action="list", node=None)
     c = sub.add_parser("cancel", help="cancel a batch: queued samples never start, running ones stop")
     c.add_argument("batch", help="batch id")
     _broker(c)
@@ -234,6 +243,38 @@ def node(args: argparse.Namespace) -> int:
     else:
         client.undrain(args.node)
         print(f"node {args.node}: takes new samples again")
+    return 0
+
+
+def list_batches(args: argparse.Namespace) -> int:
+    from workers import batches
+
+    client = _client(args)
+    ids = batches.batch_ids(client.redis)
+    shown = ids[:args.limit] if args.limit > 0 else ids
+    rows = []
+    for batch_id in shown:
+        try:
+            batch = client.batch(batch_id)
+        except (KeyError, ValueError, OSError) as e:  # its folder is gone (or not mounted here)
+            rows.append({"batch_id": batch_id, "error": str(e)})
+            continue
+        created = float(batches.info(client.redis, batch_id).get("created") or 0)
+        rows.append({"batch_id": batch_id, "created": created, "dir": str(batch.dir), **batch.progress().to_dict()})
+    if args.json:
+        print(json.dumps(rows))
+        return 0
+    if not rows:
+        print("no batches on this broker")
+    for row in rows:
+        if "error" in row:
+            print(f"{row['batch_id']}: unreadable: {row['error']}")
+            continue
+        p = batches.Progress(**{k: v for k, v in row.items() if k not in ("batch_id", "created", "dir")})
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(row["created"])) if row["created"] else "?"
+        print(f"{row['batch_id']}  {when}  {p.line()}  {row['dir']}")
+    if len(ids) > len(shown):
+        print(f"... and {len(ids) - len(shown)} older (--limit 0 shows all)")
     return 0
 
 

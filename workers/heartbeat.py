@@ -19,6 +19,7 @@ from typing import Any, Callable
 import redis
 
 from workers import batches, liveness, steps
+from workers.announce import say, status_line
 from workers.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
@@ -38,6 +39,7 @@ class Heartbeat:
     handed_over: bool = False
     connected_since: float | None = None
     thread: threading.Thread | None = None
+    last_status: float = field(default_factory=time.monotonic)  # the start-up line was the first
 
     @property
     def node(self) -> str:
@@ -72,6 +74,9 @@ class Heartbeat:
                         self.node)
         now = time.monotonic()
         self.connected_since = self.connected_since or now
+        if self.settings.status_s and now - self.last_status >= self.settings.status_s:
+            self.last_status = now
+            say(status_line(self.node, fields["state"], held, time.time() - self.started_at))
         if deadline is not None:
             self.drain_step(deadline, held)
         elif self.draining:  # undrained

@@ -4,13 +4,10 @@ from the worker's main process after it started, so they inherit the handle."""
 from __future__ import annotations
 
 import contextlib
-import logging
 from pathlib import Path
 
 from polar.run.services import ProxyHandle, running_proxy, start_proxy
 from workers.settings import WorkerSettings
-
-log = logging.getLogger(__name__)
 
 _stack = contextlib.ExitStack()
 _proxy: ProxyHandle | None = None
@@ -18,6 +15,11 @@ _proxy: ProxyHandle | None = None
 
 def node_dir(settings: WorkerSettings) -> Path:
     return settings.output_root / "nodes" / settings.node
+
+
+def log_path(settings: WorkerSettings) -> Path | None:
+    """The node proxy's log; None for a running `polar proxy` (POLAR_PROXY), which logs where it was started."""
+    return None if settings.proxy else node_dir(settings) / "proxy.log"
 
 
 def reused_proxy(spec: str, sessions: str) -> ProxyHandle:
@@ -38,10 +40,8 @@ def start(settings: WorkerSettings) -> ProxyHandle:
         else:
             base = node_dir(settings)
             _proxy = _stack.enter_context(start_proxy(
-                settings.model_dir, settings.engine_url, base / "captures", settings.confdir, base / "proxy.log",
+                settings.model_dir, settings.engine_url, base / "captures", settings.confdir, log_path(settings),
                 sessions=settings.sessions, engine=settings.engine))
-        log.info("polar node %s: proxy %s:%s / %s, captures in %s", settings.node, _proxy.host, _proxy.proxy_port,
-                 _proxy.base_url_port, _proxy.capture_dir)
     return _proxy
 
 

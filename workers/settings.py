@@ -18,6 +18,7 @@
   POLAR_HEARTBEAT_S   how often a node refreshes its heartbeat in Redis   5
   POLAR_LIVENESS_S    a node silent this long is lost; its samples start over elsewhere   30
   POLAR_DRAIN_S       a draining node's running samples may finish within this; the rest are handed over   300
+  POLAR_STATUS_S      how often a node prints a status line (0: never)   60
 """
 from __future__ import annotations
 
@@ -55,16 +56,18 @@ class WorkerSettings:
     heartbeat_s: float = 5.0
     liveness_s: float = 30.0
     drain_s: float = 300.0
+    status_s: float = 60.0
 
 
-def seconds(env: Mapping[str, str], name: str, default: float) -> float:
+def seconds(env: Mapping[str, str], name: str, default: float, zero: bool = False) -> float:
+    """A positive number of seconds (or 0, where `zero` allows it: off)."""
     raw = env.get(name, str(default))
     try:
         value = float(raw)
     except ValueError:
         value = -1.0
-    if not value > 0:
-        raise ValueError(f"{name} {raw!r}: expected a number of seconds above 0")
+    if not (value > 0 or (zero and value == 0)):
+        raise ValueError(f"{name} {raw!r}: expected a number of seconds above 0" + (" (or 0: off)" if zero else ""))
     return value
 
 
@@ -133,4 +136,5 @@ def load_settings(env: Mapping[str, str] | None = None) -> WorkerSettings:
         heartbeat_s=heartbeat_s,
         liveness_s=liveness_s,
         drain_s=seconds(env, "POLAR_DRAIN_S", 300.0),
+        status_s=seconds(env, "POLAR_STATUS_S", 60.0, zero=True),
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import sys
 import threading
 import time
@@ -15,7 +16,8 @@ from polar.run.sample import SampleConfig, SampleResult, run_sample
 from polar.run.services import ROOT, ProxyHandle, ServiceError, running_proxy
 from polar.run.session import EngineConfig, RunConfig, run_session
 from polar.sandbox.runtime import RUNTIMES, SandboxError, names_oci_image, resolve_runtime
-from polar.tasks.spec import TaskError, load_tasks, select_task
+from polar.tasks.evaluate import EvaluatorCrash
+from polar.tasks.spec import TaskError, TaskSpec, load_tasks, select_task
 from polar_mitm.cli import engine_model_mismatch, tokenizer_problem
 from polar_mitm.sampling import FIXABLE, add_sampling_args, sampling_from_args
 
@@ -29,6 +31,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                                      "(with --task: default the task's own)")
     p.add_argument("--instruction", help="the task given to the harness (not with --task)")
     p.add_argument("--task", type=Path, help="task file (YAML or JSONL, docs/tasks.md): run one scored sample")
+    p.add_argument("--oracle", action="store_true", help="with --task (a Harbor task directory): run its "
+                                                         "solution/solve.sh instead of a harness, then its verifier")
     p.add_argument("--image", help="with --task: use this image (SIF, sandbox directory, OCI image or `host`) "
                                     "instead of the task's")
     p.add_argument("--via", default="https_proxy", choices=WAYS_IN, help="way in to the proxy")
@@ -157,6 +161,8 @@ def run_task(args: argparse.Namespace) -> int:
             as_is = args.image == "host" or names_oci_image(args.image)
             image = args.image if as_is else str(Path(args.image).resolve())
             task = dataclasses.replace(task, image=image)
+        if args.oracle:
+            return run_task_oracle(args, task)
         adapter_name = args.adapter or task.adapter
         if not adapter_name:
             raise ValueError(f"task {task.task_id} names no adapter: pass --adapter")
@@ -197,6 +203,31 @@ def run_task(args: argparse.Namespace) -> int:
     return 0 if result.status == "completed" else 124 if result.status == "timeout" else 1
 
 
+def run_task_oracle(args: argparse.Namespace, task: TaskSpec) -> int:
+    """`polar run --task DIR --oracle`: the task's solution instead of a harness (polar/tasks/oracle.py); exit 0
+    when it scores the task's top reward."""
+    from polar.tasks.harbor import solution_of
+    from polar.tasks.oracle import run_oracle
+
+    solve = solution_of(args.task, task.task_id)  # TaskError: caught by the caller
+    _check_image(task.image, "--image" if args.image else f"task {task.task_id}: image")
+    out = (args.out or Path("runs") / f"{task.task_id}-oracle-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
+    if out.exists():
+        raise ValueError(f"--out {out} exists: the oracle gets a fresh folder")
+    try:
+        result = run_oracle(task, solve, args.runtime, out)
+    except (SandboxError, EvaluatorCrash, OSError) as e:
+        print(f"polar run: oracle for task {task.task_id}: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    reward = result.evaluation.reward
+    print(f"polar run: oracle for task {task.task_id} ({result.runtime}): solve.sh exit {result.exit_code}, "
+          f"reward {reward:g}")
+    if result.evaluation.rewards:
+        print(f"  rewards: {json.dumps(result.evaluation.rewards)}")
+    print(f"  oracle folder: {out}")
+    return 0 if reward == task.reward_range[1] else 1
+
+
 def _check_image(image: str | None, where: str) -> None:
     """An image is `host`, an OCI image (the runtime finds it) or a path that must exist here."""
     if image is None or image == "host" or names_oci_image(image):
@@ -207,14 +238,17 @@ def _check_image(image: str | None, where: str) -> None:
 
 
 class Progress:
-    """While a run goes on, one line on a terminal every `interval_s`: LLM calls so far and time elapsed, read
-    from the capture folder (a run otherwise shows nothing until it ends). Silent when stderr is not a terminal
-    or there is no folder of this run's own (`captures` None)."""
+    """While a run goes on, one line on a terminal every `interval_s`: LLM calls so far, tokens sampled and time
+    elapsed, read from the capture folder (a run otherwise shows nothing until it ends); each file is read from
+    where the last line stopped. Silent when stderr is not a terminal or there is no folder of this run's own
+    (`captures` None)."""
 
     def __init__(self, captures: Path | None, interval_s: float = 10.0) -> None:
         self.captures, self.interval_s = captures, interval_s
         self.start, self.done = time.monotonic(), threading.Event()
         self.thread = threading.Thread(target=self._loop, daemon=True)
+        self.read_to: dict[Path, int] = {}  # capture file -> bytes counted so far (whole lines)
+        self.calls = self.tokens = 0
 
     def __enter__(self) -> Progress:
         if self.captures is not None and sys.stderr.isatty():
@@ -226,21 +260,33 @@ class Progress:
 
     def line(self) -> str:
         root = self.captures
-        files = sorted(root.glob("*/*.jsonl")) if root is not None and root.is_dir() else []
-        calls = sum(_count_lines(f) for f in files)
-        return f"polar run: {calls} LLM calls so far, {time.monotonic() - self.start:.0f}s elapsed"
+        for f in sorted(root.glob("*/*.jsonl")) if root is not None and root.is_dir() else []:
+            self._count(f)
+        return (f"polar run: {self.calls} LLM calls so far, {self.tokens} tokens sampled, "
+                f"{time.monotonic() - self.start:.0f}s elapsed")
+
+    def _count(self, path: Path) -> None:
+        from polar_traj.captures import loads_line
+
+        try:
+            with path.open("rb") as f:
+                f.seek(self.read_to.get(path, 0))
+                data = f.read()
+        except OSError:  # rotated or removed under us: the next line counts again
+            return
+        whole = data[:data.rfind(b"\n") + 1]  # a line still being written is counted next time
+        self.read_to[path] = self.read_to.get(path, 0) + len(whole)
+        for raw in whole.splitlines():
+            try:
+                record = loads_line(raw)
+            except ValueError:
+                continue
+            self.calls += 1
+            self.tokens += len(record.get("output_ids") or ()) if isinstance(record, dict) else 0
 
     def _loop(self) -> None:
         while not self.done.wait(self.interval_s):
             print(self.line(), file=sys.stderr, flush=True)
-
-
-def _count_lines(path: Path) -> int:
-    try:
-        with path.open("rb") as f:
-            return sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
-    except OSError:  # rotated or removed under us: the next line counts again
-        return 0
 
 
 def cause_lines(out: Path, files: list[Path], tail: int = 5) -> list[str]:

@@ -14,7 +14,7 @@ from polar.cli import build_parser, main
 def test_subcommands_are_registered():
     args = build_parser().parse_args(["submit", "tasks.yaml", "--group-size", "8", "--adapter", "pi", "--wait"])
     assert (args.group_size, args.adapter, args.wait, args.min_groups) == (8, "pi", True, None)
-    for argv in (["status", "b1"], ["cancel", "b1"], ["policy", "pause"]):
+    for argv in (["status", "b1"], ["cancel", "b1"], ["policy", "pause"], ["batches"], ["nodes"]):
         assert build_parser().parse_args(argv).func
 
 
@@ -66,6 +66,16 @@ def test_status_and_cancel_of_a_queued_batch(tmp_path: Path, redis_base: str, ca
     assert main(["status", batch_id, *broker]) == 0
     assert "2 cancelled" in capsys.readouterr().out
     assert main(["cancel", batch_id, *broker]) == 1  # already finished
+    capsys.readouterr()
+    assert main(["submit", str(tasks), "--group-size", "1", "--out", str(tmp_path / "out"), *broker]) == 0
+    newer = capsys.readouterr().out.split()[1].rstrip(":")
+    assert main(["batches", *broker]) == 0  # newest first, each with its progress and folder
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines] == [newer, batch_id]
+    assert "2 cancelled" in lines[1] and lines[1].endswith(str(tmp_path / "out" / batch_id))
+    assert main(["batches", "--limit", "1", "--json", *broker]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert [(b["batch_id"], b["queued"]) for b in json.loads(out[0])] == [(newer, 1)]
 
 
 def test_policy_pause_and_resume(redis_base: str, capsys):

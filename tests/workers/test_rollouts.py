@@ -93,7 +93,8 @@ def cluster(tmp_path_factory, tiny_model_dir: Path, start_reference_server: Call
     nodes = []
     try:
         for name in ("n1", "n2"):
-            nodes.append(spawn_node(node_env(broker, sessions, log.url, model, root, name, runtime="auto")))
+            nodes.append(spawn_node(node_env(broker, sessions, log.url, model, root, name, runtime="auto",
+                                             POLAR_STATUS_S="2")))
         for n in nodes:
             wait_ready(n)
         yield Cluster(root, broker, sessions, engine, log, model, nodes)
@@ -142,6 +143,19 @@ def sandbox_processes(path: Path) -> list[str]:
             if str(path) in cmd:
                 found.append(f"{proc.name}: {cmd[:200]}")
     return found
+
+
+def test_a_node_says_it_is_up_and_how_it_is(cluster: Cluster):
+    """One Polar line at start (queues, proxy ports and log, each engine's state, runtime), then a status line
+    every POLAR_STATUS_S: a node whose engine is down says so before its first sample fails."""
+    log = cluster.root / "nodes" / "n1" / "worker.log"
+    up = next(line for line in log.read_text().splitlines() if line.startswith("polar node n1: up;"))
+    assert "queues n1.postrun, n1.run, postrun, prepare;" in up
+    assert f"log {cluster.root / 'nodes' / 'n1' / 'proxy.log'}" in up
+    assert f"engines (sglang): {cluster.log.url} up (model {cluster.model.name});" in up
+    assert "runtime auto -> " in up
+    wait_for(lambda: any(line.startswith("polar node n1: alive, ") and "samples held" in line
+                         for line in log.read_text().splitlines()), 30, "a status line")
 
 
 def test_batch_of_groups_over_two_nodes(cluster: Cluster, tiny_model_dir: Path):

@@ -150,12 +150,16 @@ def test_the_cause_of_an_error_is_named(tmp_path):
     assert cause_lines(tmp_path / "nothing", []) == []
 
 
-def test_progress_counts_the_calls_so_far(tmp_path):
+def test_progress_counts_the_calls_and_tokens_so_far(tmp_path):
     from polar.run.cli import Progress
 
     (tmp_path / "t1").mkdir()
-    (tmp_path / "t1" / "s1.jsonl").write_text("{}\n{}\n")
-    (tmp_path / "t1" / "s2.jsonl").write_text("{}\n")
+    (tmp_path / "t1" / "s1.jsonl").write_text('{"output_ids": [1, 2, 3]}\n{"output_ids": [4]}\n')
+    s2 = tmp_path / "t1" / "s2.jsonl"
+    s2.write_text('{"output_ids": [5, 6]}\n{"output_ids": [7')  # its second line is still being written
     with Progress(tmp_path) as progress:
-        assert progress.line().startswith("polar run: 3 LLM calls so far, ")
+        assert progress.line().startswith("polar run: 3 LLM calls so far, 6 tokens sampled, ")
+        with s2.open("a") as f:
+            f.write(', 8]}\n')
+        assert progress.line().startswith("polar run: 4 LLM calls so far, 8 tokens sampled, ")  # counted once
     assert Progress(None).line().startswith("polar run: 0 LLM calls so far")
