@@ -226,7 +226,8 @@ def postrun_sample(sample_dir: Path) -> SampleResult:
     entry = {"session_id": state.sample_id, "status": status, "failure": failure, "reason": reason,
              "reward": reward, "group_id": state.group_id, "harness": state.adapter,
              "metadata": {**state.task.metadata, "sample_id": state.sample_id, "task_id": state.task.task_id,
-                          "exit_code": state.exit_code, "runtime": state.runtime, "tampered": state.tampered}}
+                          "exit_code": state.exit_code, "runtime": state.runtime, "tampered": state.tampered,
+                          **_named_rewards(state)}}
     parquet, build_error = _build(out, files, entry)
     if build_error and failure is None:
         status, failure, reason = "error", "infrastructure", build_error
@@ -246,6 +247,12 @@ def postrun_sample(sample_dir: Path) -> SampleResult:
     state.save()
     atomic.write_text(out / RESULT, json.dumps(result.to_dict(), indent=2))
     return result
+
+
+def _named_rewards(state: SampleState) -> dict[str, Any]:
+    """A Harbor verifier's reward.json (the main reward and its named extras), for the rows' metadata."""
+    rewards = (state.evaluation or {}).get("rewards") if state.outcome is None else None
+    return {"rewards": rewards} if rewards else {}
 
 
 def cleanup_sample(sample_dir: Path) -> None:

@@ -77,6 +77,8 @@ def bind_args(mounts: Mounts, extra_ro: Sequence[tuple[Path, Path]] = ()) -> lis
     args = []
     for d in (mounts.home, mounts.workspace, mounts.shared):
         args += ["--bind", f"{d}:{d}"]
+    for src, dst in mounts.binds:
+        args += ["--bind", f"{src}:{dst}"]
     for src, dst in [*read_only_binds(), *extra_ro]:
         args += ["--bind", f"{src}:{dst}:ro"]
     return args

@@ -13,8 +13,9 @@ caller's uid (`--userns keep-id`). After each exec every process it left is kill
 all but the container's first process).
 
 Images (a task's `image:`): `docker://REF` or a local tag (`polar-tasks:local`), a `docker save` tarball
-(loaded once), or a root filesystem directory (imported once, cached under a tag derived from the directory;
-the demo tasks' Apptainer sandbox directory works as is). Containers carry the label `polar.sandbox`, the host and the
+(loaded once), a Harbor task's Dockerfile (built once, from base images on the node only), or a root filesystem
+directory (imported once, cached under a tag derived from the directory; the demo tasks' Apptainer sandbox
+directory works as is). Containers carry the label `polar.sandbox`, the host and the
 HOME they serve: `prepare` also removes leftovers whose HOME is gone or that are older than MAX_AGE_S (a
 worker killed with SIGKILL leaves its container to the next prepare on the node).
 
@@ -53,6 +54,7 @@ TMP_BYTES = 1 << 30  # the private /tmp (tmpfs, counted in the container's memor
 NOFILE = 65536  # at most our own hard limits: root without CAP_SYS_RESOURCE cannot raise them
 NPROC = 16384  # per host uid, so shared by every sample's polar-sandbox processes; --pids-limit bounds one
 CLI_TIMEOUT_S = 300.0  # an engine command (not an exec) that takes longer is hung
+BUILD_TIMEOUT_S = 1800.0  # a Harbor task's Dockerfile build
 # podman's conmon writes a file named `oom` into the folder `run` was started from when a container is OOM
 # killed: the engine runs from a folder of its own, not the caller's (a checkout, a workspace).
 CLI_CWD = Path(tempfile.gettempdir()) / "polar-container-cli"
@@ -134,6 +136,8 @@ def image_ref(engine: Engine, image: str) -> str:
     path = Path(image)
     if image.startswith("/") and not path.exists():
         raise SandboxError(f"docker runtime: image {image} not found")
+    if path.name == "Dockerfile" and path.is_file():
+        return build_dockerfile(engine, path)
     if image.startswith("docker://") or not path.exists():
         ref = image.removeprefix("docker://")
         if not _exists(engine, ref):
@@ -145,6 +149,45 @@ def image_ref(engine: Engine, image: str) -> str:
         return load_tarball(engine, path)
     raise SandboxError(f"docker runtime: image {image} is neither an OCI reference, a `docker save` tarball nor a "
                        "root filesystem directory (a SIF is Apptainer's: --runtime apptainer)")
+
+
+def build_dockerfile(engine: Engine, dockerfile: Path) -> str:
+    """A Harbor task's environment/Dockerfile as an image, built once (tagged by its build context's contents),
+    without a registry: every base image it names must be on this node already, else SandboxError naming it."""
+    context = dockerfile.parent
+    digest = hashlib.sha256()
+    for f in sorted(p for p in context.rglob("*") if p.is_file() and not p.is_symlink()):
+        digest.update(f"{f.relative_to(context)}\0".encode() + f.read_bytes() + b"\0")
+    tag = f"polar-harbor:{digest.hexdigest()[:16]}"
+    if _exists(engine, tag):
+        return tag
+    for base in dockerfile_bases(dockerfile.read_text(errors="replace")):
+        if not _exists(engine, base):
+            raise SandboxError(f"docker runtime: {dockerfile}: base image {base} is not on this node (samples build "
+                               f"without a registry: `{engine.kind} pull` or `load` it here first)")
+    never = ["--pull=never"] if engine.kind == "podman" else []
+    engine.run(["build", "--network", "none", *never, "-t", tag, "-f", str(dockerfile), str(context)],
+               timeout=BUILD_TIMEOUT_S)
+    return tag
+
+
+def dockerfile_bases(text: str) -> list[str]:
+    """The images a Dockerfile's FROM lines start from (not its own stages, not `scratch`, not ones an ARG
+    names: the build itself says if those are missing)."""
+    bases, stages = [], set()
+    for line in text.splitlines():
+        words = line.split()
+        if len(words) < 2 or words[0].upper() != "FROM":
+            continue
+        words = [w for w in words[1:] if not w.startswith("--")]  # --platform=…
+        if not words:
+            continue
+        image = words[0]
+        if len(words) >= 3 and words[1].upper() == "AS":
+            stages.add(words[2].lower())
+        if image.lower() not in stages and image != "scratch" and "$" not in image and image not in bases:
+            bases.append(image)
+    return bases
 
 
 def rootfs_tag(rootfs: Path) -> str:
@@ -207,6 +250,8 @@ def run_args(engine: Engine, mounts: Mounts, who: Identity, limits: Limits, cpus
             args += ["--userns", "keep-id"]
     for d in (mounts.home, mounts.workspace, mounts.shared):
         args += ["--volume", f"{d}:{d}"]
+    for src, dst in mounts.binds:
+        args += ["--volume", f"{src}:{dst}"]
     for src, dst in read_only_binds():
         args += ["--volume", f"{src}:{dst}:ro"]
     return args

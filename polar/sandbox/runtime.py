@@ -61,6 +61,9 @@ class Mounts:
     home: Path
     workspace: Path
     shared: Path  # sockets to the proxy and the CA files
+    # Writable host directories seen at another path (host dir, sandbox path): a Harbor verifier's /tests and
+    # /logs (polar/tasks/harbor.py). The local runtime has no view of its own, so it refuses them.
+    binds: tuple[tuple[Path, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -103,8 +106,9 @@ def bridged(argv: Sequence[str], forwards: Sequence[tuple[int, Path]], python: s
 _copy = copy_without_privileges  # in and out of a sandbox: links kept as links, no setuid/setgid bits
 
 
-def writable(mounts: Mounts) -> tuple[Path, Path, Path]:
-    return mounts.home, mounts.workspace, mounts.shared
+def writable(mounts: Mounts) -> tuple[Path, ...]:
+    """Every host folder the sandbox may write (handed to its identity, checked for setuid bits after)."""
+    return (mounts.home, mounts.workspace, mounts.shared, *(src for src, _dst in mounts.binds))
 
 
 def run_as(who: Identity | None, mounts: Mounts, cmd: Sequence[str], env: Mapping[str, str], cwd: Path,
@@ -210,6 +214,9 @@ class LocalRuntime:
         self.limits = limits
 
     def prepare(self, mounts: Mounts, image: str | None = None, instance: str | None = None) -> Sandbox:
+        if mounts.binds:
+            raise SandboxError(f"local runtime: the task needs {', '.join(d for _s, d in mounts.binds)} inside the "
+                               "sandbox, which the host filesystem cannot show; use --runtime bwrap|apptainer|docker")
         if not shutil.which("unshare"):
             raise SandboxError("local runtime: `unshare` (util-linux) not found")
         ip = shutil.which("ip", path=os.environ.get("PATH", "") + ":/usr/sbin:/sbin")
@@ -306,19 +313,22 @@ class BwrapSandbox(_HostSandbox):
         return ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
 
     def command(self, cwd: Path) -> list[str]:
-        parents = _parents(writable(self.mounts))
+        own = (self.mounts.home, self.mounts.workspace, self.mounts.shared)
+        parents = _parents(own)
         cmd = [self.bwrap, *self.identity_args(), "--unshare-net", "--unshare-pid", "--unshare-ipc",
                "--unshare-uts", "--unshare-cgroup-try", "--die-with-parent", "--new-session",
                *system_view(), "--dev", "/dev", "--proc", "/proc", *kernel_covers(), "--perms", "1777",
                "--tmpfs", "/tmp"]
         for d in parents:
             cmd += ["--tmpfs", d]  # HOME's parent (the run folder) holds only the binds here, read-only
-        binds = [*self.tools[2::3], BRIDGE_IN_SANDBOX, *map(str, writable(self.mounts))]
+        binds = [*self.tools[2::3], BRIDGE_IN_SANDBOX, *map(str, own), *(d for _s, d in self.mounts.binds)]
         for d in _ancestors(binds):  # bwrap would make them 0700, closed to an unprivileged first process
             cmd += ["--perms", "0755", "--dir", d]
         cmd += [*self.tools, "--ro-bind", bridge.__file__, BRIDGE_IN_SANDBOX]
-        for d in writable(self.mounts):
+        for d in own:
             cmd += ["--bind", str(d), str(d)]
+        for src, dst in self.mounts.binds:
+            cmd += ["--bind", str(src), dst]
         for d in ("/", *parents):
             cmd += ["--remount-ro", d]
         return cmd + ["--chdir", str(cwd), "--"] + (self.who.setpriv() if self.who else [])
@@ -355,12 +365,13 @@ def _apptainer_installed() -> bool:
 
 
 def names_oci_image(image: str | None) -> bool:
-    """Whether a task's image is the container engine's: docker://REF, a tag (`name:tag`, no such path) or a
-    `docker save` tarball; a SIF or a sandbox directory is Apptainer's."""
+    """Whether a task's image is the container engine's: docker://REF, a tag (`name:tag`, no such path), a
+    `docker save` tarball or a Dockerfile (a Harbor task's, built there); a SIF or a sandbox directory is
+    Apptainer's."""
     if not image or image == "host":
         return False
     path = Path(image)
-    return image.startswith("docker://") or image.endswith((".tar", ".tar.gz")) or (
+    return image.startswith("docker://") or image.endswith((".tar", ".tar.gz", "/Dockerfile")) or (
         not path.exists() and not image.startswith("/") and ":" in image)
 
 

@@ -8,6 +8,8 @@ the task's tests staged and a fresh HOME, never where the agent ran.
   files    expected paths (relative to the workspace) and contents (null: must exist): 1.0 when all match
   python   `module:function(workspace: Path, summary: dict)` -> float or {"reward": float, "output": str},
            run on the host in a child process (`python -m polar.tasks.evaluate`) with the timeout
+  harbor   a Harbor task's `bash /tests/test.sh` in that sandbox; the reward from /logs/verifier/reward.txt or
+           reward.json (polar/tasks/harbor.py), none = 0
 
 Who failed decides: what the workspace caused (the task's command failing in any way, exit 126/127 included,
 a missing, linked or malformed reward, a timeout on a machine that was not overloaded, a python verifier
@@ -28,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from polar.sandbox.runtime import Mounts, Sandbox, run_group
+from polar.sandbox.runtime import ExecResult, Mounts, Sandbox, run_group
 from polar.tasks.spec import DEFAULT_REWARD_RANGE, EvaluatorSpec
 from polar.tasks.verify import AgentFileError, AgentFileMissing, read_beneath
 
@@ -53,6 +55,7 @@ class Evaluation:
     output: str  # what the evaluator printed (stdout then stderr), or a description of the check
     exit_code: int | None = None
     unscored: str | None = None  # why the reward is a default 0: the verifier gave none (polar/tasks/precheck.py)
+    rewards: dict[str, float] | None = None  # a Harbor reward.json: the main reward and its named extras
 
 
 def evaluate(spec: EvaluatorSpec, sandbox: Sandbox, mounts: Mounts, out: Path, summary: dict[str, Any],
@@ -60,6 +63,8 @@ def evaluate(spec: EvaluatorSpec, sandbox: Sandbox, mounts: Mounts, out: Path, s
     """The reward of the verify ground `mounts`; EvaluatorCrash for a failure that is not the agent's."""
     if spec.kind == "command":
         result = _command(spec, sandbox, mounts, out, timeout_s)
+    elif spec.kind == "harbor":
+        result = _harbor(spec, sandbox, mounts, out, timeout_s)
     elif spec.kind == "files":
         result = _files(spec, mounts.workspace)
     else:
@@ -71,21 +76,34 @@ def evaluate(spec: EvaluatorSpec, sandbox: Sandbox, mounts: Mounts, out: Path, s
     return result
 
 
-def _command(spec: EvaluatorSpec, sandbox: Sandbox, mounts: Mounts, out: Path, timeout_s: float) -> Evaluation:
+def task_env(mounts: Mounts) -> dict[str, str]:
+    """The task's environment, not the agent's: a fresh HOME, and no user site or script-folder path for python."""
+    return {"PATH": SANDBOX_PATH, "HOME": str(mounts.home), "LANG": "C.UTF-8", "TMPDIR": str(mounts.home / ".tmp"),
+            "PYTHONDONTWRITEBYTECODE": "1", "PYTHONNOUSERSITE": "1", "PYTHONSAFEPATH": "1"}
+
+
+def _run_command(argv: list[str], spec: EvaluatorSpec, sandbox: Sandbox, mounts: Mounts, out: Path,
+                 timeout_s: float) -> tuple[ExecResult, str, str, Evaluation | None]:
+    """(result, stdout, stdout + stderr, the timeout's reward 0 or None) of the task's command."""
     stdout, stderr = out / "evaluator.stdout", out / "evaluator.stderr"
-    # The task's environment, not the agent's: a fresh HOME, and no user site or script-folder path for python.
-    env = {"PATH": SANDBOX_PATH, "HOME": str(mounts.home), "LANG": "C.UTF-8", "TMPDIR": str(mounts.home / ".tmp"),
-           "PYTHONDONTWRITEBYTECODE": "1", "PYTHONNOUSERSITE": "1", "PYTHONSAFEPATH": "1"}
-    result = sandbox.exec(["sh", "-c", spec.command or "false"], env, mounts.workspace, timeout_s, stdout, stderr)
+    result = sandbox.exec(argv, task_env(mounts), mounts.workspace, timeout_s, stdout, stderr)
     text = _read(stdout)
     output = (text + _read(stderr))[-OUTPUT_LIMIT:]
-    if result.timed_out:
-        load = os.getloadavg()[0] / (os.cpu_count() or 1)
-        if load > OVERLOAD_PER_CORE:
-            raise EvaluatorCrash(f"timed out after {timeout_s:g}s on an overloaded machine (load {load:.1f} per "
-                                 f"core): {spec.command}", output)
-        return Evaluation(0.0, output + f"\n[polar] the task's command timed out after {timeout_s:g}s: reward 0",
-                          None)
+    if not result.timed_out:
+        return result, text, output, None
+    load = os.getloadavg()[0] / (os.cpu_count() or 1)
+    if load > OVERLOAD_PER_CORE:
+        raise EvaluatorCrash(f"timed out after {timeout_s:g}s on an overloaded machine (load {load:.1f} per "
+                             f"core): {spec.command}", output)
+    return result, text, output, Evaluation(
+        0.0, output + f"\n[polar] the task's command timed out after {timeout_s:g}s: reward 0", None)
+
+
+def _command(spec: EvaluatorSpec, sandbox: Sandbox, mounts: Mounts, out: Path, timeout_s: float) -> Evaluation:
+    result, text, output, timed_out = _run_command(["sh", "-c", spec.command or "false"], spec, sandbox, mounts,
+                                                   out, timeout_s)
+    if timed_out:
+        return timed_out
     if spec.reward == "exit":
         return Evaluation(1.0 if result.exit_code == 0 else 0.0, output, result.exit_code)
     if result.exit_code in (126, 127):  # the workspace broke the scorer (e.g. os._exit(127) on import)
@@ -101,6 +119,25 @@ def _command(spec: EvaluatorSpec, sandbox: Sandbox, mounts: Mounts, out: Path, t
         own_zero = isinstance(e, AgentFileMissing) and result.exit_code not in (0, None)
         return Evaluation(0.0, output + f"\n[polar] {e}: reward 0", result.exit_code, None if own_zero else str(e))
     return _parsed(text.strip(), spec.reward_file, output, result.exit_code)
+
+
+def _harbor(spec: EvaluatorSpec, sandbox: Sandbox, mounts: Mounts, out: Path, timeout_s: float) -> Evaluation:
+    """A Harbor task's tests/test.sh at /tests; its reward from /logs/verifier (polar/tasks/harbor.py). No reward
+    file is 0 (`pytest && echo 1 > reward.txt`: the tests failed); a malformed one is the workspace's 0 too, and
+    no reward at all on the untouched workspace (precheck)."""
+    from polar.tasks.harbor import LOGS_AT, TEST_COMMAND, read_reward
+
+    logs = next(src for src, dst in mounts.binds if dst == LOGS_AT)
+    result, _text, output, timed_out = _run_command(list(TEST_COMMAND), spec, sandbox, mounts, out, timeout_s)
+    if timed_out:
+        return timed_out
+    reward, rewards, problem = read_reward(logs)
+    if reward is not None:
+        return Evaluation(reward, output, result.exit_code, rewards=rewards)
+    if problem is None:
+        return Evaluation(0.0, output + f"\n[polar] test.sh exited {result.exit_code} and wrote no "
+                                        "/logs/verifier/reward.txt or reward.json: reward 0", result.exit_code)
+    return Evaluation(0.0, output + f"\n[polar] {problem}: reward 0", result.exit_code, problem)
 
 
 def _parsed(text: str, where: str, output: str, exit_code: int | None) -> Evaluation:

@@ -71,7 +71,7 @@ def unscorable(result: Evaluation) -> str | None:
 def _run_check(task: TaskSpec, runtime: str, scratch: Path) -> VerifierProblem | None:
     shutil.rmtree(scratch, ignore_errors=True)
     (scratch / "home").mkdir(parents=True)
-    _pristine(task.workspace, scratch / "workspace")
+    pristine(task.workspace, scratch / "workspace")
     ground = prepare_verify(task, scratch, {}, {})
     summary = {"sample_id": "verifier-check", "group_id": task.task_id, "adapter": None, "exit_code": None,
                "timed_out": False, "task_id": task.task_id, "files_changed": {}}
@@ -89,7 +89,7 @@ def _run_check(task: TaskSpec, runtime: str, scratch: Path) -> VerifierProblem |
     return VerifierProblem(why, result.output) if why else None
 
 
-def _pristine(workspace: Path | None, dest: Path) -> None:
+def pristine(workspace: Path | None, dest: Path) -> None:
     """The task's starting workspace, as a sample's sandbox gets it (a directory or a .tar.gz)."""
     if workspace is None:
         dest.mkdir()

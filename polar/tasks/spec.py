@@ -47,7 +47,7 @@ class TaskError(ValueError):
 class EvaluatorSpec:
     """How a finished sample is scored (polar/tasks/evaluate.py)."""
 
-    kind: str  # command | files | python
+    kind: str  # command | files | python | harbor (a Harbor task's tests/test.sh, polar/tasks/harbor.py)
     command: str | None = None  # kind command: a shell line, run in the sandbox's workspace
     reward: str = "exit"  # kind command: exit (1.0 for exit 0 else 0.0) | stdout (last line) | file
     reward_file: str = "reward.txt"  # kind command, reward file: relative to the workspace
@@ -112,8 +112,13 @@ class _Where:
 
 
 def load_tasks(path: str | Path) -> list[TaskSpec]:
-    """Every task of a YAML or JSONL task file, validated; raises TaskError ("FILE:LINE: FIELD: problem")."""
+    """Every task of a YAML or JSONL task file, or of a Harbor task directory or a folder of them
+    (polar/tasks/harbor.py), validated; raises TaskError ("FILE:LINE: FIELD: problem")."""
     path = Path(path)
+    if path.is_dir():
+        from polar.tasks.harbor import load_harbor  # it imports this module
+
+        return load_harbor(path)
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:

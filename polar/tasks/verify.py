@@ -53,7 +53,8 @@ def prepare_verify(task: TaskSpec, out: Path, before: dict[str, str], after: dic
     _copy_final(out / "workspace", workspace)
     for d in (home / ".tmp", shared):
         d.mkdir(parents=True)
-    staged = _files_under(task.tests) if task.tests else []
+    harbor = task.evaluator.kind == "harbor"  # its tests go to /tests, its reward to /logs (not the workspace)
+    staged = _files_under(task.tests) if task.tests and not harbor else []
     guarded = (*task.protected, *staged)
     tampered = sorted(p for p in set(before) | set(after) if before.get(p) != after.get(p) and _guarded(p, guarded))
     if tampered:
@@ -62,7 +63,20 @@ def prepare_verify(task: TaskSpec, out: Path, before: dict[str, str], after: dic
     for rel in staged:
         _put(task.tests / rel, workspace, rel)
     hooks = [f"~/{p}" for p in home_hooks(out / "home")]
-    return VerifyGround(Mounts(home, workspace, shared), tuple(tampered + hooks))
+    return VerifyGround(Mounts(home, workspace, shared, _harbor_binds(task, root) if harbor else ()),
+                        tuple(tampered + hooks))
+
+
+def _harbor_binds(task: TaskSpec, root: Path) -> tuple[tuple[Path, str], ...]:
+    """A Harbor verifier's folders: the task's tests at /tests, an empty /logs/verifier for its reward."""
+    from polar.tasks.harbor import LOGS_AT, TESTS_AT  # it imports this module
+
+    tests, logs = root / "tests", root / "logs"
+    if task.tests:
+        copy_without_privileges(task.tests, tests)
+    tests.mkdir(exist_ok=True)
+    (logs / "verifier").mkdir(parents=True)
+    return (tests, TESTS_AT), (logs, LOGS_AT)
 
 
 def _copy_final(src: Path, dst: Path) -> None:

@@ -1,0 +1,191 @@
+"""Harbor task directories (docs/tasks.md "Harbor tasks"): the format of terminal-bench 2.0 and Harbor's datasets,
+read as they are into our TaskSpec.
+
+  task.toml       schema 1.0-1.4 (`version` or `schema_version`); what Polar uses: [agent] timeout_sec,
+                  [verifier] timeout_sec, [environment] docker_image, cpus, memory_mb (or 1.0's memory = "2G"),
+                  [metadata] (carried into the trajectory table). Other keys are Harbor's and are left alone.
+  instruction.md  the instruction, as the harness gets it
+  environment/    Dockerfile (built by the container engine, polar/sandbox/docker.py) unless task.toml names a
+                  prebuilt docker_image; neither: the default image (`host`). environment/workspace/, when there,
+                  seeds the agent's workspace (a Polar addition: Harbor's files live in the image)
+  tests/          test.sh and what it needs: staged at /tests of the verify sandbox only, after the agent finished;
+                  it writes /logs/verifier/reward.txt (a number) or reward.json ({"reward": main, extras...})
+  solution/       solve.sh, never shown to the agent; `polar run --task DIR --oracle` runs it instead of a harness
+
+The task id is the directory's name. Every error is one line naming the file and the field.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import re
+import tomllib
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Mapping
+
+from polar.tasks.spec import SESSION_MARGIN_S, EvaluatorSpec, TaskError, TaskSpec
+from polar.tasks.verify import AgentFileError, AgentFileMissing, read_beneath
+from polar_traj.records import check_id
+
+TASK_FILE = "task.toml"
+SCHEMA_VERSIONS = ("1.0", "1.1", "1.2", "1.3", "1.4")
+DEFAULT_TIMEOUT_S = 600.0  # Harbor's default for the agent and for the verifier
+TESTS_AT, LOGS_AT, SOLUTION_AT = "/tests", "/logs", "/solution"  # where Harbor's scripts look for them
+TEST_COMMAND = ("bash", f"{TESTS_AT}/test.sh")
+_MEMORY = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]?)B?", re.I)
+
+
+def is_harbor(path: Path) -> bool:
+    """Whether `path` is a Harbor task directory or a folder holding some."""
+    return path.is_dir() and ((path / TASK_FILE).is_file() or any(path.glob(f"*/{TASK_FILE}")))
+
+
+def load_harbor(path: Path) -> list[TaskSpec]:
+    """The task of a Harbor task directory, or every task directory directly under a folder, sorted by name."""
+    path = Path(path).resolve()
+    dirs = [path] if (path / TASK_FILE).is_file() else sorted(p.parent for p in path.glob(f"*/{TASK_FILE}"))
+    if not dirs:
+        raise TaskError(f"{path}: no {TASK_FILE} in it or in its subfolders (not a Harbor task directory)")
+    return [load_harbor_task(d) for d in dirs]
+
+
+def solution_of(path: Path, task_id: str) -> Path:
+    """solution/solve.sh of the task `task_id` loaded from `path` (its directory, or the folder holding it)."""
+    path = Path(path).resolve()
+    task_dir = path if (path / TASK_FILE).is_file() else path / task_id
+    script = task_dir / "solution" / "solve.sh"
+    if not script.is_file():
+        raise TaskError(f"{script}: solution: missing (--oracle runs the task's solution/solve.sh)")
+    return script
+
+
+def load_harbor_task(task_dir: Path) -> TaskSpec:
+    toml_file = task_dir / TASK_FILE
+    try:
+        config = tomllib.loads(toml_file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as e:
+        raise TaskError(f"{toml_file}: file: cannot read: {e}") from e
+    except tomllib.TOMLDecodeError as e:
+        raise TaskError(f"{toml_file}: toml: {e}") from e
+    fail = lambda key, problem: TaskError(f"{toml_file}: {key}: {problem}")  # noqa: E731
+    version = config.get("schema_version", config.get("version", "1.0"))
+    if str(version) not in SCHEMA_VERSIONS:
+        raise fail("schema_version", f"{version!r}: expected one of {', '.join(SCHEMA_VERSIONS)}")
+    agent, verifier, env = (_table(config, k, fail) for k in ("agent", "verifier", "environment"))
+    metadata = _table(config, "metadata", fail)
+    try:
+        task_id = check_id(task_dir.name, "task_id")
+    except ValueError as e:
+        raise TaskError(f"{task_dir}: task_id: the directory's name is the task id: {e}") from e
+    instruction_file = task_dir / "instruction.md"
+    try:
+        instruction = instruction_file.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise TaskError(f"{instruction_file}: instruction: missing (a Harbor task needs instruction.md)") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise TaskError(f"{instruction_file}: instruction: cannot read: {e}") from e
+    if not instruction.strip():
+        raise TaskError(f"{instruction_file}: instruction: empty")
+    tests = task_dir / "tests"
+    if not (tests / "test.sh").is_file():
+        raise TaskError(f"{tests / 'test.sh'}: tests: missing (the verifier Harbor runs)")
+    timeout = _seconds(agent.get("timeout_sec", DEFAULT_TIMEOUT_S), "agent.timeout_sec", fail)
+    verify_timeout = _seconds(verifier.get("timeout_sec", DEFAULT_TIMEOUT_S), "verifier.timeout_sec", fail)
+    workspace = task_dir / "environment" / "workspace"
+    meta = {**_plain(metadata), "harbor": _plain({k: v for k, v in config.items() if k in ("task", "source")})}
+    if env.get("cpus") is not None:
+        meta["harbor"]["cpus"] = _positive(env["cpus"], "environment.cpus", fail)
+    memory = _memory(env, fail)
+    if memory is not None:
+        meta["harbor"]["memory_mb"] = memory
+    return TaskSpec(task_id, instruction, workspace.resolve() if workspace.is_dir() else None,
+                    _image(task_dir, env, fail), None,
+                    EvaluatorSpec("harbor", command=" ".join(TEST_COMMAND), timeout_s=verify_timeout),
+                    timeout, timeout + verify_timeout + SESSION_MARGIN_S, MappingProxyType(meta), tests.resolve())
+
+
+def _table(config: Mapping[str, Any], key: str, fail: Any) -> dict[str, Any]:
+    value = config.get(key, {})
+    if not isinstance(value, dict):
+        raise fail(key, f"expected a table [{key}], got {value!r}")
+    return value
+
+
+def _seconds(value: Any, key: str, fail: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise fail(key, f"expected a positive number of seconds, got {value!r}")
+    return float(value)
+
+
+def _positive(value: Any, key: str, fail: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise fail(key, f"expected a positive number, got {value!r}")
+    return float(value)
+
+
+def _memory(env: Mapping[str, Any], fail: Any) -> int | None:
+    """Megabytes: memory_mb (1.1+), or 1.0's memory = "2G" / "512M"."""
+    if env.get("memory_mb") is not None:
+        return int(_positive(env["memory_mb"], "environment.memory_mb", fail))
+    if env.get("memory") is None:
+        return None
+    m = _MEMORY.fullmatch(str(env["memory"]).strip())
+    if not m:
+        raise fail("environment.memory", f"expected a size like '2G' or '512M', got {env['memory']!r}")
+    scale = {"": 1 / (1 << 20), "K": 1 / 1024, "M": 1, "G": 1024, "T": 1 << 20}[m.group(2).upper()]
+    return max(1, int(float(m.group(1)) * scale))
+
+
+def _image(task_dir: Path, env: Mapping[str, Any], fail: Any) -> str:
+    """A prebuilt image (docker_image), else environment/Dockerfile (built where the sample runs), else `host`."""
+    prebuilt = env.get("docker_image")
+    if prebuilt is not None:
+        if not isinstance(prebuilt, str) or not prebuilt.strip():
+            raise fail("environment.docker_image", f"expected an image reference, got {prebuilt!r}")
+        return prebuilt if prebuilt.startswith("docker://") or ":" in prebuilt else f"{prebuilt}:latest"
+    dockerfile = task_dir / "environment" / "Dockerfile"
+    return str(dockerfile.resolve()) if dockerfile.is_file() else "host"
+
+
+def _plain(value: Any) -> Any:
+    """TOML values as JSON (dates as ISO text), for the trajectory table's metadata."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, (datetime.date, datetime.time)):
+        return value.isoformat()
+    return value
+
+
+# -- the verifier's reward ----------------------------------------------------------------------------------------
+def read_reward(logs: Path) -> tuple[float | None, dict[str, float] | None, str | None]:
+    """(reward, every named reward, problem) from `logs`/verifier: reward.json ({"reward": main, extras...} or a
+    single entry) first, else reward.txt (one number). Read without following links: the verifier ran on agent
+    files. No file at all: (None, None, None)."""
+    try:
+        data = json.loads(read_beneath(logs, "verifier/reward.json").decode(errors="replace"))
+    except AgentFileMissing:
+        pass
+    except (AgentFileError, ValueError) as e:
+        return None, None, f"reward.json: {e}"
+    else:
+        if not isinstance(data, dict) or not data or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) for v in data.values()):
+            return None, None, f"reward.json is not a mapping of names to numbers: {str(data)[:100]!r}"
+        if "reward" not in data and len(data) != 1:
+            return None, None, f"reward.json names no main `reward` among {', '.join(sorted(data))}"
+        main = data.get("reward", next(iter(data.values())))
+        return float(main), {str(k): float(v) for k, v in data.items()}, None
+    try:
+        text = read_beneath(logs, "verifier/reward.txt").decode(errors="replace").strip()
+    except AgentFileMissing:
+        return None, None, None
+    except AgentFileError as e:
+        return None, None, f"reward.txt: {e}"
+    try:
+        return float(text), None, None
+    except ValueError:
+        return None, None, f"reward.txt is not a number ({text[:100]!r})"

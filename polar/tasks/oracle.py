@@ -1,0 +1,58 @@
+"""`polar run --task DIR --oracle`: a Harbor task's solution/solve.sh instead of a harness, then the task's own
+verifier as for a sample (polar/tasks/verify.py): whether the task is solvable (reward 1 expected).
+
+solve.sh runs in a sandbox of the task's image over a fresh copy of the task's workspace, with the solution
+folder at /solution (where Harbor puts it) and no network; no LLM is involved. Its exit code and the reward are
+printed; the sample folder keeps the outputs.
+"""
+from __future__ import annotations
+
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from polar.sandbox.identity import copy_without_privileges
+from polar.sandbox.runtime import Mounts, get_runtime, resolve_runtime
+from polar.tasks.evaluate import Evaluation, evaluate, task_env
+from polar.tasks.harbor import SOLUTION_AT
+from polar.tasks.precheck import pristine
+from polar.tasks.spec import TaskSpec
+from polar.tasks.verify import prepare_verify
+
+
+@dataclass(frozen=True)
+class OracleResult:
+    runtime: str
+    exit_code: int | None  # solve.sh's; None when it timed out
+    evaluation: Evaluation
+
+
+def run_oracle(task: TaskSpec, solve: Path, runtime: str, out: Path) -> OracleResult:
+    """solve.sh (a Harbor task's solution/solve.sh) on the task's workspace in `out`, then the verifier."""
+    out.mkdir(parents=True)
+    home, workspace, shared, solution = out / "home", out / "workspace", out / "shared", out / "solution"
+    for d in (home / ".tmp", shared):
+        d.mkdir(parents=True)
+    pristine(task.workspace, workspace)
+    copy_without_privileges(solve.parent, solution)
+    name = resolve_runtime(runtime, task.image)
+    mounts = Mounts(home, workspace, shared, ((solution, SOLUTION_AT),))
+    sandbox = get_runtime(name).prepare(mounts, image=task.image, instance=f"polar-oracle-{uuid.uuid4().hex[:12]}")
+    try:
+        ran = sandbox.exec(["bash", f"{SOLUTION_AT}/{solve.name}"], task_env(mounts), workspace, task.timeout_s,
+                           out / "solve.stdout", out / "solve.stderr")
+    finally:
+        sandbox.stop()
+    shutil.rmtree(solution)  # not in the verifier's view either
+    ground = prepare_verify(task, out, {}, {})
+    verifier = get_runtime(name).prepare(ground.mounts, image=task.image,
+                                         instance=f"polar-oracle-verify-{uuid.uuid4().hex[:12]}")
+    summary = {"sample_id": "oracle", "group_id": task.task_id, "adapter": None, "exit_code": ran.exit_code,
+               "timed_out": ran.timed_out, "task_id": task.task_id, "files_changed": {}}
+    try:
+        evaluation = evaluate(task.evaluator, verifier, ground.mounts, out, summary, task.evaluator.timeout_s,
+                              task.reward_range)
+    finally:
+        verifier.stop()
+    return OracleResult(name, None if ran.timed_out else ran.exit_code, evaluation)
