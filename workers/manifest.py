@@ -3,9 +3,10 @@ sample (id, task, group), written once by the client; workers only read it.
 
 Layout of a batch folder:
   batch.json                      this manifest
+  outcome.json                    how the batch ended (status, counts), written once it has
   samples/<sample_id>/attempt-<k>/  one attempt's sample folder (polar.run.sample's stages); ABANDONED.json when
                                   a worker died under it or its infrastructure failed
-  samples/<sample_id>/result.json the sample's final SampleResult (JSON)
+  samples/<sample_id>/result.json the sample's final SampleResult (JSON), with the node, engine and model
   trajectories/<group_id>.parquet one part per finished group, with advantages: the dataset pandas reads
 """
 from __future__ import annotations

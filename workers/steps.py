@@ -19,6 +19,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from functools import cached_property
+from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 import redis
@@ -187,6 +188,8 @@ def finalize(step: Step, data: dict[str, Any]) -> None:
     data["attempts"] = len(flow.attempts(sample_dir(manifest, step.sample_id)))
     data["node"] = step.ctx.settings.node
     data["reassigned_from"] = step.state().get("reassigned_from") or []
+    settings = step.ctx.settings  # what served the sample's calls: the report names it
+    data["engine"], data["model"] = f"{settings.engine} at {settings.engine_url}", str(settings.model_dir)
     write_json(result_path(manifest, step.sample_id), data)
     masked = data.get("status") == "error" or data.get("failure") == "infrastructure"
     step.update(stage="masked" if masked else "done", status=data.get("status"), failure=data.get("failure"),
@@ -229,9 +232,18 @@ def finish_group(manifest_path: str, group_id: str, r: redis.Redis, revoke: Revo
     if node:
         liveness.untrack(r, node, manifest.batch_id, group_id, "groups")
     if done >= len(manifest.groups):
-        batches.set_status(r, manifest.batch_id, batches.COMPLETED)
+        if batches.set_status(r, manifest.batch_id, batches.COMPLETED):
+            write_outcome(r, manifest.batch_id)
     elif manifest.min_groups and done >= manifest.min_groups:
         stop_batch(r, revoke, manifest.batch_id, batches.COMPLETED)
+
+
+def write_outcome(r: redis.Redis, batch_id: str) -> None:
+    """outcome.json beside batch.json once the batch has its final status (completed, cancelled, stopped early),
+    so the folder alone says how it ended: the report counts the samples that never finished as cancelled."""
+    p = batches.progress(r, batch_id)
+    folder = Path(batches.info(r, batch_id)["manifest"]).parent
+    write_json(folder / "outcome.json", {"batch_id": batch_id, "ended_at": time.time(), **p.to_dict()})
 
 
 def stop_batch(r: redis.Redis, revoke: Revoke, batch_id: str, final: str = batches.CANCELLED) -> bool:
@@ -239,6 +251,7 @@ def stop_batch(r: redis.Redis, revoke: Revoke, batch_id: str, final: str = batch
     sandboxes, stages in between see the status and clean up. False when the batch had already finished."""
     if not batches.set_status(r, batch_id, final):
         return False
+    write_outcome(r, batch_id)
     for sample_id, state in batches.samples(r, batch_id).items():
         stage, task = state.get("stage", "queued"), state.get("task")
         if stage in ("queued", "retry"):

@@ -2,8 +2,9 @@
 
 run folder:   run.json, captures/<task>/<session>.jsonl, trajectories.parquet, model/<name>/ (tokenizer)
 batch folder: trajectories/ (Parquet parts), sample result JSON files (polar.run.sample.SampleResult.to_dict(),
-              any `*result*.json` up to three folders deep), capture folders named `captures`, and an
-              optional batch.json (engine, model, policy, wall_s, …)
+              any `*result*.json` up to three folders deep), capture folders named `captures`, an
+              optional batch.json (the manifest: its samples; engine, model, policy, wall_s, …) and
+              outcome.json (how a workers' batch ended: status and counts)
 dataset:      a .parquet file or a directory of parts; no calls, no stage timings.
 """
 from __future__ import annotations
@@ -82,10 +83,11 @@ def _results(root: Path) -> list[Path]:
     return found
 
 
-def _batch_tokenizer(root: Path, info: dict[str, Any]) -> Path | None:
-    model = info.get("model")
-    if model and (Path(model) / "tokenizer.json").is_file():
-        return Path(model)
+def _batch_tokenizer(root: Path, info: dict[str, Any], results: tuple[Path, ...] = ()) -> Path | None:
+    """batch.json's model, the model the workers recorded in a sample result, or a model folder in the batch."""
+    for model in [info.get("model"), *(_json(p).get("model") for p in results[:1])]:
+        if model and (Path(model) / "tokenizer.json").is_file():
+            return Path(model)
     return _tokenizer_in(root / "model") or _tokenizer_in(root / "services" / "model")
 
 
@@ -102,12 +104,16 @@ def locate(source: str | os.PathLike) -> Layout:
         return Layout("run", root, parquet if parquet.exists() else None,
                       tuple(d for d in [root / "captures"] if d.is_dir()), (), _json(root / "run.json"),
                       _tokenizer_in(root / "model"))
-    if (root / "trajectories").is_dir():
+    if (root / "trajectories").is_dir() or (root / "batch.json").is_file():  # a cancelled batch may have no part
         info = _json(root / "batch.json") if (root / "batch.json").is_file() else {}
+        if (root / "outcome.json").is_file():
+            info["outcome"] = _json(root / "outcome.json")
         results = tuple(_results(root))
         # with results, their capture_files are the calls (a node's own capture folder holds the same again)
         captures = () if results else tuple(sorted(p for p in root.rglob("captures") if p.is_dir()))
-        return Layout("batch", root, root / "trajectories", captures, results, info, _batch_tokenizer(root, info))
+        parts = root / "trajectories"
+        return Layout("batch", root, parts if parts.is_dir() else None, captures, results, info,
+                      _batch_tokenizer(root, info, results))
     if any(root.glob("*.parquet")):
         return Layout("dataset", root, root)
     raise ReportError(f"{root}: not a run folder (run.json), a batch folder (trajectories/) "
@@ -154,7 +160,7 @@ def _sample_rows(layout: Layout, traj: pd.DataFrame) -> pd.DataFrame:
                          "failure": r.get("failure"), "reason": r.get("reason"), "reward": r.get("reward"),
                          "node": r.get("node"), "timings": r.get("timings") or {},
                          "tampered": list(r.get("tampered") or []), "attempts": int(r.get("attempts") or 1),
-                         "reassigned_from": list(r.get("reassigned_from") or [])})
+                         "reassigned_from": list(r.get("reassigned_from") or []), "engine": r.get("engine")})
         return pd.DataFrame(rows)
     timings = dict((layout.info.get("timings") or {})) if layout.kind == "run" else {}
     rows = []
@@ -233,6 +239,6 @@ def load(source: str | os.PathLike, tokenizer: str | os.PathLike | None = None) 
     calls["sample_id"] = [known or sample_of.get(sid, sid) for known, sid in zip(calls["sample_id"], calls["session_id"])]
     samples = _join_samples(_sample_rows(layout, traj), traj, calls)
     harness = dict(zip(samples["sample_id"], samples["harness"]))
-    calls["harness"] = calls["sample_id"].map(harness).fillna("unknown") if len(calls) else []
+    calls["harness"] = calls["sample_id"].map(harness).astype(object).fillna("unknown") if len(calls) else []
     merge = merge_stats(table) if len(traj) else pd.DataFrame()
     return ReportData(layout, traj, tokens, calls, samples, merge, advantage_source)

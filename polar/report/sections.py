@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import time
 from html import escape
+from pathlib import Path
 from typing import Any, Iterable
 
 import pandas as pd
@@ -61,6 +62,9 @@ def _engine(d: ReportData) -> str:
     info = d.layout.info
     if info.get("engine"):
         return str(info["engine"])
+    served = sorted({str(e) for e in d.samples.get("engine", pd.Series(dtype=object)).dropna()})
+    if served:  # what each worker node recorded in its sample results
+        return ", ".join(served)
     if d.layout.kind == "run":
         served = (d.layout.root / "logs" / "serve.log").exists()
         return "polar serve (reference server, started by polar run)" if served else "external engine"
@@ -88,18 +92,24 @@ def header(d: ReportData) -> str:
 def status(d: ReportData) -> str:
     s = d.samples
     if s.empty:
-        return section("status", "Status", [note("No samples: the table is empty and there are no results.")])
+        unfinished = _unfinished(d)
+        return section("status", "Status", [note("No samples: the table is empty and there are no results."),
+                                            *([_counts_line(d, unfinished)] if unfinished else []),
+                                            *_run_failure(d)])
     counts = s.groupby(["harness", "status"]).size().unstack(fill_value=0)
     rows = [(h, {st: float(counts.loc[h].get(st, 0)) for st in STATUSES}) for h in counts.index]
     rows.append(("all", {st: float((s["status"] == st).sum()) for st in STATUSES}))
     failed = s[s["status"] != "completed"]
     reasons = failed.groupby([failed["status"], failed["failure"].fillna(""), failed["reason"].fillna("")]).size()
-    body = [stacked("status", "Samples by status", rows, STATUSES, "samples", STATUS_COLORS)]
+    unfinished = _unfinished(d)
+    body = [_counts_line(d, unfinished), stacked("status", "Samples by status", rows, STATUSES, "samples",
+                                                 STATUS_COLORS)]
     if len(reasons):
         body.append(table(["status", "failure", "reason", "samples"],
                           [[a, b, c, n] for (a, b, c), n in reasons.items()]))
-    else:
+    elif not unfinished:
         body.append(note("Every sample completed: no failure reasons."))
+    body += _call_errors(d)
     tampered = s[s["tampered"].map(bool)] if "tampered" in s else s.iloc[:0]
     if len(tampered):
         body.append(note(f"{len(tampered)} sample(s) tampered with the verifier (protected files changed or Python "
@@ -114,6 +124,57 @@ def status(d: ReportData) -> str:
                           [[r.sample_id, r.status, r.reward, r.attempts, ", ".join(r.reassigned_from)]
                            for r in moved.itertuples()]))
     return section("status", "Status and failure reasons", body)
+
+
+def _unfinished(d: ReportData) -> list[str]:
+    """Samples of the batch's manifest (batch.json) that have no result: cancelled, or not finished yet."""
+    planned = [str(e.get("sample_id")) for e in d.layout.info.get("samples") or [] if isinstance(e, dict)]
+    done = set(d.samples["sample_id"].astype(str)) if len(d.samples) else set()
+    return [sid for sid in planned if sid not in done]
+
+
+def _counts_line(d: ReportData, unfinished: list[str]) -> str:
+    s = d.samples
+    masked = int(((s["status"] == "error") | (s["failure"] == "infrastructure")).sum())
+    parts = [f"{int((s['status'] == 'completed').sum())} completed", f"{int((s['status'] == 'timeout').sum())} "
+             f"timed out", f"{masked} masked (weight 0: an error or an infrastructure failure)"]
+    outcome = d.layout.info.get("outcome") or {}
+    if unfinished and outcome.get("status"):
+        parts.append(f"{len(unfinished)} cancelled (never finished: the batch ended {outcome['status']})")
+    elif unfinished:
+        parts.append(f"{len(unfinished)} not finished yet (the batch is still running, or did not record how "
+                     "it ended)")
+    total = len(s) + len(unfinished)
+    ended = f"; batch {outcome['status']}" if outcome.get("status") else ""
+    return note(f"{total} samples: " + ", ".join(parts) + ended + ".")
+
+
+def _call_errors(d: ReportData, limit: int = 30) -> list[str]:
+    """The LLM calls that failed (engine down, a prompt over the context, a refused request), with their text."""
+    c = d.calls
+    errors = c[c["error"].notna() & (c["error"].astype(str) != "")] if len(c) else c
+    if errors.empty:
+        return []
+    rows = [[short(d, str(r.sample_id)), r.call_id, r.api, " ".join(str(r.error).split())[:300]]
+            for r in errors.head(limit).itertuples()]
+    more = f" (the first {limit} shown)" if len(errors) > limit else ""
+    return [note(f"{len(errors)} LLM call(s) ended in an error{more}:"),
+            table(["sample", "call", "api", "error"], rows)]
+
+
+def _run_failure(d: ReportData) -> list[str]:
+    """A `polar run` folder without trajectories: its status and why, from what the run left."""
+    from polar.run.causes import cause_lines
+
+    info = d.layout.info
+    if d.layout.kind != "run" or not info:
+        return []
+    why = [f"run status {info.get('status')}, harness exit {info.get('exit_code')}"
+           + (" (timed out)" if info.get("timed_out") else "")]
+    if info.get("error"):
+        why.append(str(info["error"]))
+    why += cause_lines(d.layout.root, [Path(f) for f in info.get("files") or []])
+    return [note(line) for line in why]
 
 
 def _means(df: pd.DataFrame, key: str) -> list[tuple[str, float]]:

@@ -174,6 +174,9 @@ def test_batch_of_groups_over_two_nodes(cluster: Cluster, tiny_model_dir: Path):
         original = (DEMO_TASKS.parent / repo / f"{repo}.py").read_text()
         fixed = (batch.dir / "samples" / sid / "attempt-1" / "workspace" / f"{repo}.py").read_text() != original
         assert res["status"] == "completed" and res["reward"] == (1.0 if fixed else 0.0), res
+        assert (res["engine"], res["model"]) == (f"sglang at {cluster.log.url}", str(cluster.model))
+    outcome = json.loads((batch.dir / "outcome.json").read_text())  # the folder alone says how it ended
+    assert (outcome["status"], outcome["done"], outcome["total"]) == ("completed", 12, 12)
     df = batch.trajectories()
     assert not df.trajectory_id.duplicated().any()
     assert pd.read_parquet(batch.dir / "trajectories").shape == df.shape  # plain pandas reads the dataset
@@ -238,6 +241,11 @@ def test_cancel_stops_running_and_queued(cluster: Cluster):
     except TimeoutError:
         pytest.fail(cluster.diagnose(batch))
     assert (p.status, p.cancelled) == ("cancelled", 4)
+    assert json.loads((batch.dir / "outcome.json").read_text())["status"] == "cancelled"
+    from polar.report.data import load
+    from polar.report.sections import status
+
+    assert "4 cancelled (never finished: the batch ended cancelled)" in status(load(batch.dir))
     for s in queued:
         assert not (batch.dir / "samples" / s).exists()  # never started
     for s in running:

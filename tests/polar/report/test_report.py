@@ -3,6 +3,7 @@ Chromium inside the loopback-only namespace: every section and plot is in the re
 marks exactly the Parquet's loss_mask-1 tokens, the page names no network resource, a screenshot is taken."""
 from __future__ import annotations
 
+import dataclasses
 import html as html_lib
 import json
 import os
@@ -216,6 +217,54 @@ def test_batch_page_in_chromium(tmp_path, tiny_model_dir):
     shot = tmp_path / "out" / "batch.png"
     chromium(f"--screenshot={shot}", "--window-size=1366,3200", page.resolve().as_uri(), cwd=tmp_path / "out")
     assert png_size_and_colours(shot)[2] > 50
+
+
+def test_status_card_counts_cancelled_and_masked_samples_and_names_call_errors(tmp_path, tiny_model_dir):
+    """A cancelled workers' batch: the samples batch.json planned that have no result are counted as cancelled
+    (outcome.json says how it ended), masked ones are counted, and each failed LLM call's error is shown; the
+    engine comes from what the nodes recorded in the results when batch.json does not name it."""
+    from transformers import AutoTokenizer
+
+    from polar.report.data import load
+    from polar.report.sections import header, status
+
+    batch = make_batch(tmp_path / "batch", tiny_model_dir)
+    info = json.loads((batch / "batch.json").read_text())
+    del info["engine"], info["model"]
+    finished = [p.parent.name for p in sorted((batch / "samples").glob("*/result.json"))]
+    info["samples"] = [{"sample_id": s, "task_id": "fix-a", "group_id": "fix-a"} for s in finished + ["u1", "u2"]]
+    (batch / "batch.json").write_text(json.dumps(info))
+    for p in (batch / "samples").glob("*/result.json"):
+        result = json.loads(p.read_text())
+        p.write_text(json.dumps(dict(result, engine="sglang at http://127.0.0.1:30000", model=str(tiny_model_dir))))
+    failed = _records(AutoTokenizer.from_pretrained(tiny_model_dir), "fix-b", "fix-b-codex-5", "x", 2000.0)[0]
+    capture = json.loads((batch / "samples" / "fix-b-codex-5" / "result.json").read_text())["capture_files"][0]
+    append_record(Path(capture).parent.parent, dataclasses.replace(
+        failed, call_id="fix-b-codex-5-c9", output_ids=(), output_logprobs=(), error="engine down: 127.0.0.1:30000"))
+    running = status(load(batch))
+    assert "8 samples: 4 completed, 1 timed out, 1 masked" in html_lib.unescape(running)
+    assert "2 not finished yet" in running and "Every sample completed" not in running
+    (batch / "outcome.json").write_text(json.dumps({"batch_id": "b1", "status": "cancelled"}))
+    page = html_lib.unescape(status(load(batch)))
+    assert "2 cancelled (never finished: the batch ended cancelled); batch cancelled." in page
+    assert "1 LLM call(s) ended in an error" in page and "engine down: 127.0.0.1:30000" in page
+    top = html_lib.unescape(header(load(batch)))
+    assert "sglang at http://127.0.0.1:30000" in top and tiny_model_dir.name in top
+
+
+def test_a_failed_run_says_why_it_has_no_samples(tmp_path):
+    """A `polar run` whose engine was down recorded no call: the report says so with the run's own causes."""
+    from polar.report.data import load
+    from polar.report.sections import status
+
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "run.json").write_text(json.dumps({"status": "error", "exit_code": 1, "timed_out": False,
+                                                   "error": None, "files": [], "session": {"adapter": "pi"}}))
+    (tmp_path / "logs" / "proxy.log").write_text("polar proxy: engine http://127.0.0.1:9 down (connection refused)\n")
+    (tmp_path / "harness.stderr").write_text("Error: 503 no engine\n")
+    page = html_lib.unescape(status(load(tmp_path)))
+    assert "No samples" in page and "run status error, harness exit 1" in page
+    assert "polar proxy: engine http://127.0.0.1:9 down (connection refused)" in page and "503 no engine" in page
 
 
 def test_a_parquet_file_alone(tmp_path, tiny_model_dir):

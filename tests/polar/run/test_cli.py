@@ -12,7 +12,8 @@ import pytest
 import yaml
 
 from polar.cli import build_parser
-from polar.run.cli import cause_lines, reused_proxy
+from polar.run.causes import cause_lines
+from polar.run.cli import reused_proxy
 from polar_traj import read as read_trajectories
 
 ROOT = Path(__file__).resolve().parents[3]
