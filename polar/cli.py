@@ -15,6 +15,7 @@ SUBCOMMANDS = {
     "run": "polar.run.cli",
     "submit": "workers.cli",  # also status, batches, cancel, policy, node, nodes
     "report": "polar.report.cli",
+    "api": "workers.api.cli",
 }
 
 

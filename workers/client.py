@@ -1,6 +1,6 @@
 """Submit batches of tasks to the rollout workers (`celery -A workers worker`) and read back one trajectory table.
 
-    client = PolarClient("redis://127.0.0.1:6379/1")
+    client = PolarClient("redis://127.0.0.1:6379/1")        # or PolarClient("http://HOST:50051", token=…): polar api
     batch = client.submit("fixtures/tasks/demo.yaml", group_size=4, min_groups=None, out="runs/batches")
     batch.wait(timeout=600); df = batch.trajectories()      # rewards, advantages, weights per row
     client.pause(); <update the engine's weights>; client.resume()   # the weight-sync fence
@@ -22,6 +22,15 @@ from workers.manifest import Manifest, new_batch_id, plan, read_manifest, write_
 from workers.settings import DEFAULT_BROKER, PUBLISH_RETRY, sessions_url
 
 class PolarClient:
+    def __new__(cls, broker: str = DEFAULT_BROKER, *args: Any, **kwargs: Any) -> Any:
+        """`http(s)://HOST:PORT` or a bare `HOST:PORT`: the same methods over `polar api` (workers/api/client.py,
+        token=…); a redis:// or socket URL: this client."""
+        if isinstance(broker, str) and (broker.startswith(("http://", "https://")) or "://" not in broker):
+            from workers.api.client import HttpClient
+
+            return HttpClient(broker if "://" in broker else f"http://{broker}", *args, **kwargs)
+        return super().__new__(cls)
+
     def __init__(self, broker: str = DEFAULT_BROKER, sessions: str | None = None, liveness_s: float = 30.0) -> None:
         from celery import Celery
 
@@ -87,6 +96,10 @@ class PolarClient:
 
     def batch(self, batch_id: str) -> "Batch":
         return Batch(self, read_manifest(batches.info(self.redis, batch_id)["manifest"]))
+
+    def get_trajectories(self, batch_id: str):
+        """A batch's trajectories as a pandas DataFrame (as the HTTP client's)."""
+        return self.batch(batch_id).trajectories()
 
     def pause(self, timeout_s: float = 120.0) -> None:
         """Every node's proxy holds new LLM calls; returns once in-flight calls have drained."""

@@ -1,0 +1,224 @@
+"""The routes of `polar api` (docs/api.md). Every route but /health needs the bearer token (`Authorization:
+Bearer <POLAR_API_TOKEN>`; a browser may pass `?token=` once, which sets a cookie for the dashboard's own
+requests); bodies over `max_body` bytes are refused with 413 before they are read whole."""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import socket
+import time
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.staticfiles import StaticFiles
+from starlette.exceptions import HTTPException
+
+from workers import events
+from workers.api import metrics
+from workers.api.callbacks import Finisher, RetryPolicy
+from workers.api.models import BadRequest, PolicyPause, ShortTask, TaskRequest, from_short, from_task_request
+from workers.api.service import ApiConfig, NotFound, Service, file_chunks
+
+STATIC = Path(__file__).parent / "static"
+OPEN_PATHS = ("/health",)
+COOKIE = "polar_token"
+
+
+def _json_error(status: int, message: str, **extra: Any) -> JSONResponse:
+    return JSONResponse({"error": message, **extra}, status_code=status)
+
+
+class Guard:
+    """ASGI middleware: the token, then the body size (Content-Length, or counted as it streams in)."""
+
+    def __init__(self, app: Any, token: str, max_body: int) -> None:
+        self.app, self.token, self.max_body = app, token, max_body
+
+    def authorized(self, scope: dict) -> tuple[bool, bool]:
+        """(authorized, came as ?token= so set the cookie)."""
+        headers = {k.decode().lower(): v.decode() for k, v in scope.get("headers", [])}
+        given = headers.get("authorization", "")
+        if given.startswith("Bearer ") and hmac.compare_digest(given[7:], self.token):
+            return True, False
+        for part in headers.get("cookie", "").split(";"):
+            name, _, value = part.strip().partition("=")
+            if name == COOKIE and hmac.compare_digest(value, self.token):
+                return True, False
+        from urllib.parse import parse_qs
+
+        query = parse_qs(scope.get("query_string", b"").decode()).get("token", [""])[0]
+        ok = bool(query) and hmac.compare_digest(query, self.token)
+        return ok, ok
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+            return await self.app(scope, receive, send)
+        ok, set_cookie = self.authorized(scope)
+        if not ok:
+            answer = _json_error(401, "missing or wrong bearer token (Authorization: Bearer $POLAR_API_TOKEN)")
+            answer.headers["www-authenticate"] = "Bearer"
+            return await answer(scope, receive, send)
+        length = dict(scope.get("headers", [])).get(b"content-length")
+        if length is not None and int(length) > self.max_body:
+            return await _json_error(413, f"body of {int(length)} bytes; the limit is {self.max_body}")(
+                scope, receive, send)
+        seen = 0
+
+        async def counted() -> dict:
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.max_body:  # FastAPI passes an HTTPException raised while it reads the body through
+                raise HTTPException(413, f"body over the limit of {self.max_body} bytes")
+            return message
+
+        async def send_cookie(message: dict) -> None:
+            if set_cookie and message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), (
+                    b"set-cookie", f"{COOKIE}={self.token}; HttpOnly; SameSite=Strict; Path=/".encode())]
+            await send(message)
+
+        await self.app(scope, counted, send_cookie)
+
+
+def create_app(config: ApiConfig, retry: RetryPolicy = RetryPolicy()) -> FastAPI:
+    service = Service(config)
+    finisher = Finisher(service.r, f"{socket.gethostname()}-{config.port}-{time.time_ns()}", retry)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        finisher.start()
+        yield
+        finisher.stop()
+
+    app = FastAPI(title="Polar rollout service", lifespan=lifespan, docs_url="/docs", redoc_url=None)
+    app.state.service = service
+    app.add_middleware(Guard, token=config.token, max_body=config.max_body)
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = exc.errors()
+        first = errors[0] if errors else {"loc": ["body"], "msg": "invalid"}
+        name = ".".join(str(p) for p in first["loc"] if p != "body") or "body"
+        return _json_error(422, f"{name}: {first['msg']}", field=name,
+                           detail=[{"loc": e["loc"], "msg": e["msg"]} for e in errors])
+
+    @app.exception_handler(BadRequest)
+    async def bad(_: Request, exc: BadRequest) -> JSONResponse:
+        return _json_error(422, str(exc), field=exc.field)
+
+    @app.exception_handler(NotFound)
+    async def missing(_: Request, exc: NotFound) -> JSONResponse:
+        return _json_error(404, f"no batch {exc.args[0]!r}")
+
+    @app.get("/health")
+    def health() -> dict[str, Any]:
+        service.r.ping()
+        return {"ok": True}
+
+    @app.post("/api/tasks", status_code=201)
+    def submit_short(body: ShortTask) -> dict[str, Any]:
+        return service.submit(from_short(body, config.tasks_root))
+
+    @app.post("/rollout/task/submit", status_code=201)
+    def submit_task_request(body: TaskRequest) -> dict[str, Any]:
+        return service.submit(from_task_request(body, config.tasks_root))
+
+    @app.get("/rollout/task/{batch_id}")
+    @app.get("/api/batches/{batch_id}")
+    def batch_status(batch_id: str) -> dict[str, Any]:
+        return service.status(batch_id)
+
+    @app.get("/api/batches/{batch_id}/results")
+    def batch_results(batch_id: str) -> list[dict[str, Any]]:
+        return service.results(batch_id)
+
+    @app.delete("/rollout/task/{batch_id}")
+    @app.post("/api/batches/{batch_id}/cancel")
+    def cancel(batch_id: str) -> dict[str, Any]:
+        return {"id": batch_id, "cancelled": service.cancel(batch_id)}
+
+    @app.get("/rollout/status")
+    def overview() -> dict[str, Any]:
+        return service.overview()
+
+    @app.post("/policy/pause")
+    def pause(body: PolicyPause | None = None) -> dict[str, Any]:
+        try:
+            service.pause((body or PolicyPause()).timeout_s)
+        except TimeoutError as e:
+            return _json_error(504, str(e), paused=True)
+        return {"paused": True, "drained": True}
+
+    @app.post("/policy/resume")
+    def resume() -> dict[str, Any]:
+        service.resume()
+        return {"paused": False}
+
+    @app.get("/policy")
+    def policy() -> dict[str, Any]:
+        return {"paused": service.client.is_paused()}
+
+    @app.get("/api/batches/{batch_id}/trajectories.parquet")
+    def trajectories_parquet(batch_id: str) -> StreamingResponse:
+        path = service.parquet_file(batch_id)
+        return StreamingResponse(file_chunks(path), media_type="application/vnd.apache.parquet",
+                                 headers={"content-length": str(path.stat().st_size),
+                                          "content-disposition": f'attachment; filename="{batch_id}.parquet"'})
+
+    @app.get("/api/batches/{batch_id}/trajectories")
+    def trajectories_json(batch_id: str) -> list[dict[str, Any]]:
+        return service.trajectory_rows(batch_id)
+
+    @app.get("/api/batches/{batch_id}/report")
+    def report(batch_id: str) -> HTMLResponse:
+        """The batch's `polar report` page, drawn now from its folder."""
+        from polar.report.cli import render_report
+
+        return HTMLResponse(render_report(service.trajectories_folder(batch_id).parent))
+
+    @app.get("/metrics")
+    def prometheus() -> PlainTextResponse:
+        return PlainTextResponse(metrics.render(service.r, service.client.is_paused()),
+                                 media_type="text/plain; version=0.0.4")
+
+    @app.get("/events")
+    async def event_stream(request: Request, batch: str | None = None) -> StreamingResponse:
+        after = request.headers.get("last-event-id") or await asyncio.to_thread(events.last_id, service.r)
+        return StreamingResponse(_sse(request, service, after, batch, config.heartbeat_s),
+                                 media_type="text/event-stream",
+                                 headers={"cache-control": "no-store", "x-accel-buffering": "no"})
+
+    @app.get("/")
+    def dashboard() -> FileResponse:
+        return FileResponse(STATIC / "index.html", headers={"cache-control": "no-store"})
+
+    return app
+
+
+def _frame(kind: str, data: dict[str, Any], event_id: str | None = None) -> bytes:
+    head = f"id: {event_id}\n" if event_id else ""
+    return f"{head}event: {kind}\ndata: {json.dumps(data)}\n\n".encode()
+
+
+async def _sse(request: Request, service: Service, after: str, batch: str | None,
+               heartbeat_s: float) -> AsyncIterator[bytes]:
+    """`hello` first (the stream position it starts after), then every event after it, in stream order, and a
+    `heartbeat` (fence state, nodes) every `heartbeat_s` seconds."""
+    yield _frame("hello", {"after": after})
+    beat = time.monotonic()
+    while not await request.is_disconnected():
+        found = await asyncio.to_thread(events.read, service.r, after, int(min(heartbeat_s, 1.0) * 1000))
+        for ev in found:
+            after = ev.id
+            if batch is None or ev.data.get("batch_id") in (None, batch):
+                yield _frame(ev.kind, ev.to_dict(), ev.id)
+        if time.monotonic() - beat >= heartbeat_s:
+            beat = time.monotonic()
+            yield _frame("heartbeat", await asyncio.to_thread(service.pulse))

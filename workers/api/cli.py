@@ -1,0 +1,58 @@
+"""`polar api`: the rollout service over HTTP, in front of the workers' Redis (docs/api.md)."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from workers.settings import DEFAULT_BROKER
+
+TOKEN_ENV = "POLAR_API_TOKEN"
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("api", help="serve the rollout service over HTTP (tasks, status, trajectories, events, "
+                                   "callbacks, a dashboard); bearer token from $POLAR_API_TOKEN",
+                       description=__doc__)
+    p.add_argument("--host", default="127.0.0.1", help="listen address (default: loopback only)")
+    p.add_argument("--port", type=int, default=50051)
+    p.add_argument("--broker", default=os.environ.get("POLAR_BROKER", DEFAULT_BROKER),
+                   help="the workers' Redis (default $POLAR_BROKER or %(default)s)")
+    p.add_argument("--sessions", default=os.environ.get("POLAR_SESSIONS"),
+                   help="the proxies' sessions/fence Redis (default: db 0 beside the broker)")
+    p.add_argument("--out", type=Path, default=Path(os.environ.get("POLAR_OUTPUT_ROOT", "runs/batches")),
+                   help="batch folders, on storage every node sees")
+    p.add_argument("--tasks-root", type=Path, default=Path.cwd(),
+                   help="relative workspace/tests paths in a submitted task are under this folder")
+    p.add_argument("--max-body", type=int, default=1 << 20, help="largest request body in bytes (413 beyond)")
+    p.add_argument("--max-samples", type=int, default=4096, help="most samples in one batch (422 beyond)")
+    p.add_argument("--heartbeat", type=float, default=15.0, help="seconds between SSE heartbeats on /events")
+    p.add_argument("--callback-attempts", type=int, default=5,
+                   help="tries per callback (waits 0.5, 1, 2, 4 … s between them) before it is recorded as failed")
+    p.set_defaults(func=serve)
+
+
+def serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from workers.api.app import create_app
+    from workers.api.callbacks import RetryPolicy
+    from workers.api.service import ApiConfig
+
+    token = os.environ.get(TOKEN_ENV, "")
+    if len(token) < 16:
+        print(f"polar api: set {TOKEN_ENV} to a secret of 16 characters or more (every endpoint but /health "
+              f"needs it as a bearer token)", file=sys.stderr)
+        return 2
+    for name, value in (("--max-body", args.max_body), ("--max-samples", args.max_samples),
+                        ("--heartbeat", args.heartbeat), ("--callback-attempts", args.callback_attempts)):
+        if value <= 0:
+            print(f"polar api: {name}: expected more than 0, got {value}", file=sys.stderr)
+            return 2
+    config = ApiConfig(args.broker, args.out.resolve(), token, args.tasks_root.resolve(), args.sessions, args.host,
+                       args.port, args.max_body, args.max_samples, args.heartbeat)
+    retry = RetryPolicy(attempts=args.callback_attempts)
+    uvicorn.run(create_app(config, retry), host=args.host, port=args.port, log_level="info",
+                timeout_graceful_shutdown=3)
+    return 0

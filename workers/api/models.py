@@ -1,0 +1,179 @@
+"""Request bodies of `polar api` (pydantic: an unknown or bad field is a 422 that names it) and how each maps
+onto a batch: a list of task entries (polar/tasks/spec.py's format) and the batch's settings."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Strategy = Literal["prefix_merging", "prefix_merge", "per_request"]
+HOST_RUNTIMES = ("bwrap", "local")  # runtimes whose tasks run on the node's own filesystem: image "host"
+
+
+class Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TaskFields(Body):
+    """One task, as in a tasks file (docs/tasks.md); paths are on the service's shared storage."""
+
+    task_id: str
+    instruction: str
+    evaluator: dict[str, Any]
+    workspace: str | None = None
+    image: str | None = None
+    adapter: str | None = None
+    timeout_s: float | None = Field(None, gt=0)
+    session_timeout_s: float | None = Field(None, gt=0)
+    metadata: dict[str, Any] | None = None
+    tests: str | None = None
+    protected: list[str] | None = None
+    reward_range: list[float] | None = None
+    max_calls: int | None = Field(None, ge=1)
+
+
+class ShortTask(Body):
+    """`POST /api/tasks`: a harness, a runtime, a strategy and either one task's fields or `tasks`."""
+
+    harness: str
+    runtime: str | None = None
+    trajectory_strategy: Strategy = "prefix_merging"
+    group_size: int = Field(4, ge=1, le=999)
+    min_groups: int | None = Field(None, ge=1)
+    max_staleness: int | None = Field(None, ge=0)
+    sampling: dict[str, Any] | None = None
+    callback_url: str | None = Field(None, pattern=r"^https?://")
+    tasks: list[TaskFields] | None = None
+    task_id: str | None = None
+    instruction: str | None = None
+    evaluator: dict[str, Any] | None = None
+    workspace: str | None = None
+    image: str | None = None
+    timeout_s: float | None = Field(None, gt=0)
+    metadata: dict[str, Any] | None = None
+    tests: str | None = None
+    protected: list[str] | None = None
+
+
+class Agent(Body):
+    harness: str
+    model_name: str | None = None
+    env: dict[str, str] = {}
+
+
+class Builder(Body):
+    strategy: Strategy = "prefix_merging"
+
+
+class TaskRequest(Body):
+    """`POST /rollout/task/submit`, Polar's rollout-server shape: one task, `num_samples` sessions of it."""
+
+    task_id: str
+    instruction: str
+    agent: Agent
+    evaluator: dict[str, Any]
+    num_samples: int = Field(1, ge=1, le=999)
+    dispatch_priority: int = 0
+    early_stop_min_usable_sessions: int | None = Field(None, ge=1)
+    timeout_seconds: float | None = Field(None, gt=0)
+    runtime: str | None = None
+    builder: Builder = Builder()
+    callback_url: str | None = Field(None, pattern=r"^https?://")
+    metadata: dict[str, Any] = {}
+    workspace: str | None = None  # beyond Polar's TaskRequest: our tasks carry a workspace and an image
+    image: str | None = None
+    tests: str | None = None
+
+
+class PolicyPause(Body):
+    timeout_s: float = Field(120.0, gt=0, le=3600)
+
+
+class BadRequest(ValueError):
+    """A body that parses but cannot be a batch; `field` is the body's field at fault (the 422 names it)."""
+
+    def __init__(self, field_name: str, problem: str) -> None:
+        super().__init__(f"{field_name}: {problem}")
+        self.field = field_name
+
+
+@dataclass(frozen=True)
+class Submission:
+    """What a body asks for, in the client's terms (workers/client.py PolarClient.submit)."""
+
+    tasks: list[dict[str, Any]]
+    group_size: int
+    adapter: str | None = None
+    min_groups: int | None = None
+    max_staleness: int | None = None
+    sampling: dict[str, Any] | None = None
+    callback_url: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)  # recorded with the batch (GET shows it), not enforced
+
+    @property
+    def samples(self) -> int:
+        return self.group_size * len(self.tasks)
+
+
+def _strategy(value: str, name: str) -> None:
+    if value == "per_request":
+        raise BadRequest(name, "per_request is not built by the workers (they write prefix_merge trajectories); "
+                               "rebuild from the batch's captures with `polar traj build --strategy per_request`")
+
+
+def _image(image: str | None, runtime: str | None) -> str | None:
+    if image is None and runtime in HOST_RUNTIMES:
+        return "host"
+    return image
+
+
+def _entry(fields: dict[str, Any], root: Path) -> dict[str, Any]:
+    """A task entry without unset fields, its relative paths made absolute under the service's tasks root."""
+    entry = {k: v for k, v in fields.items() if v is not None}
+    for k in ("workspace", "tests"):
+        if k in entry and not Path(entry[k]).is_absolute():
+            entry[k] = str(root / entry[k])
+    if "image" in entry and entry["image"] != "host" and "/" in entry["image"] and not Path(entry["image"]).is_absolute() \
+            and (root / entry["image"]).exists():
+        entry["image"] = str(root / entry["image"])
+    return entry
+
+
+def from_short(body: ShortTask, root: Path) -> Submission:
+    _strategy(body.trajectory_strategy, "trajectory_strategy")
+    single = {k: getattr(body, k) for k in ("task_id", "instruction", "evaluator", "workspace", "image", "timeout_s",
+                                            "metadata", "tests", "protected")}
+    if body.tasks is not None:
+        if any(v is not None for v in single.values()):
+            raise BadRequest("tasks", "give either tasks or one task's fields (task_id, instruction, …), not both")
+        raw = [t.model_dump() for t in body.tasks]
+    else:
+        for k in ("task_id", "instruction", "evaluator"):
+            if single[k] is None:
+                raise BadRequest(k, "field required (or give tasks)")
+        raw = [single]
+    if not raw:
+        raise BadRequest("tasks", "no tasks")
+    tasks = [_entry({**t, "image": _image(t.get("image"), body.runtime)}, root) for t in raw]
+    return Submission(tasks, body.group_size, body.harness, body.min_groups, body.max_staleness, body.sampling,
+                      body.callback_url, {"runtime": body.runtime, "trajectory_strategy": "prefix_merge"})
+
+
+def from_task_request(body: TaskRequest, root: Path) -> Submission:
+    _strategy(body.builder.strategy, "builder.strategy")
+    if body.agent.env:
+        raise BadRequest("agent.env", "not supported: a harness's environment comes from its adapter "
+                                      "(adapters/*.yaml)")
+    if body.early_stop_min_usable_sessions is not None and body.early_stop_min_usable_sessions > body.num_samples:
+        raise BadRequest("early_stop_min_usable_sessions", f"{body.early_stop_min_usable_sessions} is more than "
+                                                           f"num_samples ({body.num_samples})")
+    metadata = {**body.metadata, **({"model_name": body.agent.model_name} if body.agent.model_name else {})}
+    task = _entry({"task_id": body.task_id, "instruction": body.instruction, "evaluator": body.evaluator,
+                   "workspace": body.workspace, "image": _image(body.image, body.runtime), "tests": body.tests,
+                   "timeout_s": body.timeout_seconds, "metadata": metadata or None}, root)
+    extra = {"runtime": body.runtime, "dispatch_priority": body.dispatch_priority,
+             "early_stop_min_usable_sessions": body.early_stop_min_usable_sessions,
+             "trajectory_strategy": "prefix_merge"}
+    return Submission([task], body.num_samples, body.agent.harness, callback_url=body.callback_url, extra=extra)
