@@ -82,6 +82,8 @@ CASES = [
     Case("cancel-redis-down", ("cancel", "b-1", "--broker", DEAD_REDIS), (DEAD_REDIS, "--broker")),
     Case("policy-redis-down", ("policy", "status", "--broker", DEAD_REDIS), ("POLAR_SESSIONS",)),
     Case("node-redis-down", ("node", "list", "--broker", DEAD_REDIS), (DEAD_REDIS, "--broker")),
+    Case("nodes-redis-down", ("nodes", "--broker", DEAD_REDIS), (DEAD_REDIS, "--broker")),
+    Case("batches-redis-down", ("batches", "--broker", DEAD_REDIS), (DEAD_REDIS, "--broker")),
     Case("status-env-broker-down", ("status",), ("POLAR_BROKER", DEAD_REDIS), env={"POLAR_BROKER": DEAD_REDIS}),
     Case("submit-tasks-missing", ("submit", "{tmp}/nowhere.yaml", "--broker", DEAD_REDIS), ("nowhere.yaml",)),
     Case("submit-group-size-zero", ("submit", TASKS, "--group-size", "0", "--broker", DEAD_REDIS),
@@ -99,6 +101,8 @@ CASES = [
          env={"POLAR_ENGINE_URL": DEAD}),
     Case("worker-runtime-unknown", (), ("POLAR_RUNTIME", "kvm"), program=WORKER, env={"POLAR_RUNTIME": "kvm"}),
     Case("worker-engine-unknown", (), ("POLAR_ENGINE", "tgi"), program=WORKER, env={"POLAR_ENGINE": "tgi"}),
+    Case("worker-status-interval-bad", (), ("POLAR_STATUS_S", "often"), program=WORKER,
+         env={"POLAR_STATUS_S": "often"}),
     # others
     Case("report-missing", ("report", "{tmp}/nowhere"), ("{tmp}/nowhere",)),
     Case("serve-model-missing", ("serve", "--model", "{tmp}/nomodel", "--port", str(dead_port())),
