@@ -38,6 +38,7 @@ class Range:
 class When:
     last_user_contains: tuple[str, ...] = ()
     last_user_regex: re.Pattern[str] | None = None
+    first_user_contains: tuple[str, ...] = ()
     prompt_contains: tuple[str, ...] = ()
     prompt_regex: re.Pattern[str] | None = None
     tool_offered: tuple[str, ...] = ()
@@ -51,6 +52,7 @@ class When:
         checks = [
             not self.last_user_contains or any(s in view.last_user for s in self.last_user_contains),
             self.last_user_regex is None or bool(self.last_user_regex.search(view.last_user)),
+            not self.first_user_contains or any(s in view.first_user for s in self.first_user_contains),
             not self.prompt_contains or any(s in view.text for s in self.prompt_contains),
             self.prompt_regex is None or bool(self.prompt_regex.search(view.text)),
             not self.tool_offered or any(t in view.tools for t in self.tool_offered),
@@ -205,7 +207,8 @@ def parse_when(data: Any, where: str) -> When:
 
 
 WHEN_PARSERS = {
-    "last_user_contains": _strings, "last_user_regex": _regex, "prompt_contains": _strings,
+    "last_user_contains": _strings, "last_user_regex": _regex, "first_user_contains": _strings,
+    "prompt_contains": _strings,
     "prompt_regex": _regex, "tool_offered": _strings, "any_tools": _bool, "tool_results": _range,
     "after_tool_result": _bool, "assistant_turns": _range, "not": parse_when,
 }

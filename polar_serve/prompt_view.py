@@ -39,6 +39,11 @@ class PromptView:
         return ""
 
     @property
+    def first_user(self) -> str:
+        """The conversation's opening user message: a sub-agent's is the task its parent gave it."""
+        return next((t.content for t in self.turns if t.role == "user" and not t.is_tool_result), "")
+
+    @property
     def system(self) -> str:
         return next((t.content for t in self.turns if t.role == "system"), "")
 

@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .chains import REASONS, START_KINDS
+from .lineage import ROLES
 from .parquet import read
 from .schema import TOKEN_COLUMNS, TRAJECTORY_SCHEMA
 
@@ -125,3 +126,21 @@ def summary(source: Source) -> dict[str, Any]:
         "masked": int(sum(bool((m.get("outcome") or {}).get("masked")) for m in df["meta"])),
         "logprobs_incomplete": int(sum(not m.get("logprobs_complete", True) for m in df["meta"])),
     }
+
+
+def lineage_by_session(source: Source) -> pd.DataFrame:
+    """Per session: trajectories by lineage role (sub-agents, compaction continuations, side calls), the
+    trainer tokens of all rows (prompt + response) and of the rows that are trained (weight > 0)."""
+    df = frame(source)
+    if not len(df):
+        return pd.DataFrame()
+    df["role"] = [(m.get("lineage") or {}).get("role", "main") for m in df["meta"]]
+    df["tokens"] = df["prompt_len"] + df["response_len"]
+    df["trained_tokens"] = df["tokens"].where(df["weight"] > 0, 0)
+    out = df.groupby(["session_id", "role"]).size().unstack(fill_value=0)
+    out = out.reindex(columns=list(ROLES), fill_value=0)
+    out.insert(0, "trajectories", out.sum(axis=1))
+    out["tokens"] = df.groupby("session_id")["tokens"].sum()
+    out["trained_tokens"] = df.groupby("session_id")["trained_tokens"].sum()
+    return out.rename(columns={"subagent": "subagents", "compaction_continuation": "compactions",
+                               "side_call": "side_calls"}).sort_index()

@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 from .chains import ChainStart, order_calls, prefix_merge
+from .lineage import session_lineage
 from .reading import Session
 from .records import CallRecord
 from .schema import STRATEGIES
@@ -114,12 +115,29 @@ def build_session(session: Session, config: BuildConfig) -> tuple[list[Trajector
         for r in usable:
             if r.output_ids and not r.output_logprobs:
                 raise ValueError(f"{session.file.path}: call {r.call_id} has no logprobs (missing_logprobs=refuse)")
+    chains = prefix_merge(usable)
+    lineage = _lineage(session, chains, config.strategy)
     if config.strategy == "per_request":
         groups: list[tuple[tuple[CallRecord, ...], ChainStart | None]] = [((r,), None) for r in usable]
     else:
-        groups = [(chain.calls, chain.start) for chain in prefix_merge(usable)]
-    trajectories = [_trajectory(session, calls, start, errors, config) for calls, start in groups]
+        groups = [(chain.calls, chain.start) for chain in chains]
+    trajectories = [_trajectory(session, calls, start, errors, config).with_metadata(lineage=lineage[calls[0].call_id])
+                    for calls, start in groups]
     return trajectories, _session_stats(session, usable, errors, groups, trajectories, config.strategy)
+
+
+def _lineage(session: Session, chains: list, strategy: str) -> dict[str, dict[str, Any]]:
+    """metadata.lineage of each trajectory, keyed by its first call (per_request: every call takes its
+    chain's lineage; its parent is the parent chain's first call)."""
+    if not chains:
+        return {}
+    def payload(call_id: str) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        known = call_id in session.payloads or call_id in session.offsets  # else never stored: nothing to read
+        return session.payload(call_id) if known else ({}, None)
+
+    found = session_lineage(chains, payload)
+    ids = [trajectory_id(session.session_id, strategy, c.calls[0].call_id) for c in chains]
+    return {call.call_id: lin.to_dict(ids) for chain, lin in zip(chains, found) for call in chain.calls}
 
 
 def _trajectory(session: Session, calls: Sequence[CallRecord], start: ChainStart | None,
@@ -188,6 +206,9 @@ def _session_stats(session: Session, usable: list[CallRecord], errors: list[Any]
     stats = MergeStats(strategy=strategy, sessions=1, calls=len(usable), error_calls=len(errors),
                        invalid_records=len(session.problems), trajectories=len(trajectories))
     stats.calls_merged = len(usable) - len(trajectories)
+    for t in trajectories:
+        role = t.metadata["lineage"]["role"]
+        stats.roles[role] = stats.roles.get(role, 0) + 1
     for _, start in groups:
         if start is not None:
             stats.starts[start.kind] = stats.starts.get(start.kind, 0) + 1

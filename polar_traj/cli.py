@@ -25,6 +25,9 @@ def register(subparsers: Any) -> None:
     build.add_argument("--leave-one-out", action="store_true", help="baseline = mean of the other rollouts")
     build.add_argument("--weight", choices=("one", "session"), default="one",
                        help="per-trajectory weight: 1, or 1/(trajectories of its session)")
+    build.add_argument("--lineage-reward", choices=("inherit", "main-only"), default="inherit",
+                       help="inherit: sub-agents and compaction continuations are trained with the session's "
+                            "reward and advantage; main-only: only main chains (side calls: weight 0 either way)")
     build.add_argument("--missing-logprobs", choices=("fill", "refuse"), default="fill",
                        help="fill: 0.0 and flag it in metadata; refuse: stop with an error")
     build.add_argument("--no-conversation", action="store_true",
@@ -54,7 +57,9 @@ def register(subparsers: Any) -> None:
 
 STATS_HELP = """Summarize a trajectory table: trajectories, sessions, tasks and groups; statuses and how many
 rows are masked (weight 0) or lack logprobs; rewards; prompt and response tokens; merge statistics (calls per
-trajectory, chain starts and breaks, from the build) and rewards by harness. --json prints one object instead.
+trajectory, chain starts and breaks, from the build), rewards by harness, and per session the sub-agents,
+compactions and side calls (metadata.lineage) with the tokens of all rows and of the trained ones.
+--json prints one object instead.
 
 example:
   polar traj build captures -o t.parquet --rewards outcomes.yaml && polar traj stats t.parquet
@@ -113,7 +118,8 @@ def cmd_build(args: argparse.Namespace) -> int:
         args.output,
         BuildConfig(args.strategy, args.missing_logprobs, keep_conversation=not args.no_conversation),
         outcomes,
-        AdvantageConfig(std_scale=args.std_scale, leave_one_out=args.leave_one_out, weight=args.weight),
+        AdvantageConfig(std_scale=args.std_scale, leave_one_out=args.leave_one_out, weight=args.weight,
+                        lineage_reward=args.lineage_reward),
         progress=_progress(not args.no_progress),
     )
     print(f"wrote {result.rows} trajectories to {result.path}")
@@ -135,9 +141,11 @@ def cmd_stats(args: argparse.Namespace) -> int:
     summary = analysis.summary(table)
     merge = analysis.merge_stats(table)
     harness = analysis.rewards_by_harness(table)
+    lineage = analysis.lineage_by_session(table)
     if args.json:
         print(json.dumps({"summary": summary, "merge": json.loads(merge.to_json(orient="index")),
-                          "rewards_by_harness": json.loads(harness.to_json(orient="index"))}, indent=2))
+                          "rewards_by_harness": json.loads(harness.to_json(orient="index")),
+                          "lineage_by_session": json.loads(lineage.to_json(orient="index"))}, indent=2))
         return 0
     print(f"{summary['trajectories']} trajectories, {summary['sessions']} sessions, {summary['tasks']} tasks,"
           f" {summary['groups']} groups; strategy {', '.join(summary['strategies']) or '-'}")
@@ -150,6 +158,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
         print("\nmerge stats:\n" + merge.astype(object).T.to_string())
     if len(harness):
         print("\nrewards by harness:\n" + harness.to_string())
+    if len(lineage):
+        print("\nlineage by session (trained tokens: rows with weight > 0):\n" + lineage.to_string())
     return 0
 
 

@@ -16,6 +16,10 @@ Advantages: per group (`group_id`, default the task id), over units that have a 
 trainable: a session (its reward broadcast to its trajectories) or a trajectory with its own reward.
 A = r - mean(group), or r - mean(others) with leave_one_out; optionally divided by the group's
 sample std (ddof=1) + eps. A group of one gets 0.0.
+Lineage (metadata.lineage.role, lineage.py): side calls always get weight 0 and no advantage; with
+lineage_reward `inherit` (default) sub-agents and compaction continuations take the session's reward and
+advantage like its main chain; with `main-only` only `main` rows are trained (the others: weight 0, no
+advantage). weight=session divides by the trained rows of the session only.
 """
 from __future__ import annotations
 
@@ -36,6 +40,7 @@ FAILURES = ("agent_timeout", "malformed_tool_call", "infrastructure")
 ENTRY_KEYS = frozenset({"session_id", "trajectory_id", "task_id", "reward", "status", "failure", "reason",
                         "group_id", "harness", "metadata"})
 WEIGHTS = ("one", "session")
+LINEAGE_REWARDS = ("inherit", "main-only")
 
 
 @dataclass(frozen=True)
@@ -64,12 +69,19 @@ class Resolved:
 class AdvantageConfig:
     std_scale: bool = False
     leave_one_out: bool = False
-    weight: str = "one"  # "one" | "session": 1 / number of trajectories of the session
+    weight: str = "one"  # "one" | "session": 1 / number of trained trajectories of the session
     eps: float = 1e-6
+    lineage_reward: str = "inherit"  # "inherit" | "main-only": which lineage roles are trained
 
     def __post_init__(self) -> None:
         if self.weight not in WEIGHTS:
             raise ValueError(f"weight {self.weight!r}: expected one of {WEIGHTS}")
+        if self.lineage_reward not in LINEAGE_REWARDS:
+            raise ValueError(f"lineage_reward {self.lineage_reward!r}: expected one of {LINEAGE_REWARDS}")
+
+    def trains(self, role: str) -> bool:
+        """Whether a trajectory of this lineage role gets a weight and an advantage."""
+        return role != "side_call" and (self.lineage_reward == "inherit" or role == "main")
 
 
 def load_outcomes(path: str | Path) -> Outcomes:
@@ -202,18 +214,22 @@ class OutcomePlan:
         self.advantages = group_advantages(units, config)
 
     def apply(self, trajectories: list[Trajectory]) -> list[Trajectory]:
-        return [self._apply_one(t, len(trajectories)) for t in trajectories]
+        trained = sum(self.config.trains(role_of(t)) for t in trajectories)
+        return [self._apply_one(t, max(trained, 1)) for t in trajectories]
 
     def _apply_one(self, t: Trajectory, session_size: int) -> Trajectory:
         entry = self.outcomes.entry(t.session_id, t.trajectory_id)
         r = resolve(entry)
+        by_lineage = self.config.trains(role_of(t))
         own = self.outcomes.trajectories.get(t.trajectory_id, {})
         unit = ("trajectory", t.trajectory_id) if ("trajectory", t.trajectory_id) in self.advantages \
             else ("session", t.session_id)
         source = "trajectory" if "reward" in own else "session" if "reward" in entry or r.reward is not None else None
-        weight = (1.0 if self.config.weight == "one" else 1.0 / session_size) if r.trainable else 0.0
+        weight = (1.0 if self.config.weight == "one" else 1.0 / session_size) if r.trainable and by_lineage else 0.0
         extra: dict[str, Any] = {"outcome": {"status": r.status, "failure": r.failure, "reason": r.reason,
                                              "reward_source": source, "masked": not r.trainable}}
+        if not by_lineage:  # weight 0 for its lineage role: say which rule did it
+            extra["outcome"]["untrained_by_lineage"] = self.config.lineage_reward
         harness = entry.get("harness") or (entry.get("metadata") or {}).get("harness")
         if harness:
             extra["harness"] = harness
@@ -223,10 +239,14 @@ class OutcomePlan:
             t.with_metadata(**extra),
             group_id=own.get("group_id") or self.group_of.get(t.session_id) or t.task_id,
             status=r.status, reward=r.reward,
-            advantage=self.advantages.get(unit) if r.trainable else None,
+            advantage=self.advantages.get(unit) if r.trainable and by_lineage else None,
             weight=weight,
             loss_mask=t.loss_mask if r.trainable else [0] * len(t.loss_mask),
         )
+
+
+def role_of(t: Trajectory) -> str:
+    return (t.metadata.get("lineage") or {}).get("role", "main")
 
 
 def no_outcomes() -> Outcomes:

@@ -5,6 +5,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .chains import REASONS, START_KINDS
+from .lineage import ROLES
 
 
 @dataclass
@@ -18,6 +19,7 @@ class MergeStats:
     calls_merged: int = 0  # calls that joined an existing chain instead of starting one
     starts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(START_KINDS, 0))
     breaks: dict[str, int] = field(default_factory=lambda: dict.fromkeys(REASONS, 0))
+    roles: dict[str, int] = field(default_factory=lambda: dict.fromkeys(ROLES, 0))  # trajectories by lineage role
     per_request_tokens: int = 0  # sum of prompt + output over calls: what per_request would train on
     trajectory_tokens: int = 0  # sum of prompt + response over the trajectories built
     trained_tokens: int = 0  # mask-1 tokens (sampled tokens; equal under both strategies)
@@ -63,6 +65,7 @@ class MergeStats:
             f" ({self.calls_merged} calls merged, {self.error_calls} error calls skipped)",
             f"chain starts: new {self.starts.get('new', 0)}, fork {self.starts.get('fork', 0)},"
             f" break {self.starts.get('break', 0)} ({breaks})",
+            "lineage: " + ", ".join(f"{k} {v}" for k, v in self.roles.items()),
             f"trainer tokens: per_request {self.per_request_tokens}, built {self.trajectory_tokens},"
             f" saved {self.tokens_saved} ({ratio}); sampled tokens {self.trained_tokens}",
         ]

@@ -36,6 +36,7 @@ def default_out(source: Path) -> Path:
 def render_report(source: str | os.PathLike, tokenizer: str | os.PathLike | None = None,
                   max_token_views: int = DEFAULT_TOKEN_VIEWS) -> str:
     from polar.report.data import load
+    from polar.report.lineage import lineage_tree
     from polar.report.page import page, token_payload, token_section
     from polar.report.sections import SECTIONS, footer
     from polar.report.tokens import load_decode
@@ -44,6 +45,7 @@ def render_report(source: str | os.PathLike, tokenizer: str | os.PathLike | None
     decode = load_decode(data.layout.tokenizer) if data.layout.tokenizer else None
     payload = token_payload(data, decode, max_token_views)
     sections = [s(data) for s in SECTIONS]
+    sections.append(lineage_tree(data))
     sections.append(token_section(payload, len(data.trajectories), decode is not None))
     title = f"Polar report: {data.layout.root.resolve().name}"
     return page(title, sections, payload, footer(data))
