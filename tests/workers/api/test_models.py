@@ -1,0 +1,67 @@
+"""workers/api/models.py and callbacks.sign/verify without a server: how a TaskRequest and the short form map onto
+a batch, what is refused with the field named, and the callback signature a trainer checks."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from workers.api.callbacks import sign, verify
+from workers.api.metrics import stage_durations
+from workers.api.models import BadRequest, ShortTask, TaskRequest, from_short, from_task_request
+
+EVALUATOR = {"command": "true"}
+
+
+def test_task_request_maps_onto_a_batch(tmp_path: Path):
+    body = TaskRequest(task_id="t1", instruction="Fix it.", num_samples=3, timeout_seconds=90, runtime="bwrap",
+                       agent={"harness": "pi", "model_name": "m"}, evaluator=EVALUATOR, workspace="repo",
+                       callback_url="http://127.0.0.1:9/cb", metadata={"k": 1})
+    sub = from_task_request(body, tmp_path)
+    assert (sub.group_size, sub.adapter, sub.callback_url, sub.samples) == (3, "pi", "http://127.0.0.1:9/cb", 3)
+    assert sub.tasks == [{"task_id": "t1", "instruction": "Fix it.", "evaluator": EVALUATOR,
+                          "workspace": str(tmp_path / "repo"), "image": "host", "timeout_s": 90,
+                          "metadata": {"k": 1, "model_name": "m"}}]
+
+
+def test_refusals_name_the_field(tmp_path: Path):
+    with pytest.raises(ValidationError) as e:
+        TaskRequest(task_id="t", instruction="x", agent={"harness": "pi"}, evaluator=EVALUATOR, num_sample=2)
+    assert e.value.errors()[0]["loc"] == ("num_sample",)
+    per_request = TaskRequest(task_id="t", instruction="x", agent={"harness": "pi"}, evaluator=EVALUATOR,
+                              builder={"strategy": "per_request"})
+    with pytest.raises(BadRequest) as b:
+        from_task_request(per_request, tmp_path)
+    assert b.value.field == "builder.strategy"
+    env = TaskRequest(task_id="t", instruction="x", agent={"harness": "pi", "env": {"A": "1"}}, evaluator=EVALUATOR)
+    with pytest.raises(BadRequest, match="agent.env"):
+        from_task_request(env, tmp_path)
+    with pytest.raises(BadRequest) as b:
+        from_short(ShortTask(harness="pi", task_id="t", instruction="x"), tmp_path)
+    assert b.value.field == "evaluator"
+    with pytest.raises(ValidationError):
+        ShortTask(harness="pi", callback_url="ftp://x")
+
+
+def test_short_form_with_tasks(tmp_path: Path):
+    body = ShortTask(harness="codex", runtime="apptainer", group_size=2,
+                     tasks=[{"task_id": "a", "instruction": "x", "evaluator": EVALUATOR, "image": "/img.sif"},
+                            {"task_id": "b", "instruction": "y", "evaluator": EVALUATOR, "image": "/img.sif"}])
+    sub = from_short(body, tmp_path)
+    assert sub.samples == 4 and [t["task_id"] for t in sub.tasks] == ["a", "b"] and sub.adapter == "codex"
+
+
+def test_signature():
+    body = b'{"event": "sample"}'
+    header = sign("s3cret", body)
+    assert header.startswith("sha256=") and len(header) == 7 + 64
+    assert verify("s3cret", body, header)
+    assert not verify("s3cret", body + b" ", header) and not verify("other", body, header)
+    assert not verify("s3cret", body, None)
+
+
+def test_stage_durations():
+    spent = stage_durations([{"t_queued": 0.0, "t_prepare": 1.0, "t_run": 3.0, "t_postrun": 7.0, "t_done": 8.0},
+                             {"t_queued": 0.0, "t_prepare": 2.0, "stage": "prepare"}])
+    assert spent == {"queued": [1.0, 2.0], "prepare": [2.0], "run": [4.0], "postrun": [1.0]}
