@@ -65,3 +65,15 @@ def test_stage_durations():
     spent = stage_durations([{"t_queued": 0.0, "t_prepare": 1.0, "t_run": 3.0, "t_postrun": 7.0, "t_done": 8.0},
                              {"t_queued": 0.0, "t_prepare": 2.0, "stage": "prepare"}])
     assert spent == {"queued": [1.0, 2.0], "prepare": [2.0], "run": [4.0], "postrun": [1.0]}
+
+
+def test_polar_api_needs_a_token(monkeypatch, capsys):
+    from polar.cli import main
+
+    monkeypatch.delenv("POLAR_API_TOKEN", raising=False)
+    assert main(["api", "--port", "1"]) == 2
+    assert capsys.readouterr().err.strip() == ("polar api: set POLAR_API_TOKEN to a secret of 16 characters or more "
+                                               "(every endpoint but /health needs it as a bearer token)")
+    monkeypatch.setenv("POLAR_API_TOKEN", "t" * 16)
+    assert main(["api", "--max-samples", "0"]) == 2
+    assert capsys.readouterr().err.strip() == "polar api: --max-samples: expected more than 0, got 0"
