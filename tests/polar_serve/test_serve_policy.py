@@ -88,6 +88,22 @@ def test_templates_and_conditions(render) -> None:
     assert policy.reply_for(parse_prompt(first_turn(render, None))) == ("fallback", "plain make polar.txt")
 
 
+def test_first_user_tells_a_sub_agent_from_its_parent(render, policies_dir: Path) -> None:
+    """task-subagent.yaml: a sub-agent's conversation opens with its parent's task prompt, so the parent,
+    whose later prompts quote that prompt in its tool call, is not mistaken for the sub-agent."""
+    policy = load_policy(policies_dir / "task-subagent.yaml")
+    prompt = "LINEAGE-SUBTASK: write sub.txt with the shell, two lines, then report."
+    tools = [tool("Bash"), tool("Agent")]
+    spawn = {"role": "assistant", "content": "", "tool_calls": [
+        {"function": {"name": "Agent", "arguments": {"prompt": prompt}}}]}
+    parent = [{"role": "user", "content": "Delegate writing sub.txt."}, spawn, {"role": "tool", "content": "done"}]
+    sub = [{"role": "user", "content": f"<system-reminder>x</system-reminder>\n{prompt}"}]
+    assert parse_prompt(render(sub, tools)).first_user.endswith(prompt)
+    assert policy.reply_for(parse_prompt(render(sub, tools)))[0] == "sub-write"
+    assert policy.reply_for(parse_prompt(render(parent[:1], tools)))[0] == "spawn"
+    assert policy.reply_for(parse_prompt(render(parent, tools)))[0] == "main-done"
+
+
 @pytest.mark.parametrize("data, message", [
     ({"rules": [{"reply": "x", "wen": {}}]}, "unknown key(s) ['wen']"),
     ({"rules": [{"when": {"tool_ofered": "x"}, "reply": "x"}]}, "unknown condition(s) ['tool_ofered']"),
