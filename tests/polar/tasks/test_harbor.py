@@ -1,0 +1,233 @@
+"""Harbor task directories (issue 31, polar/tasks/harbor.py): fixtures/harbor read as they are; the verifier's
+tests at /tests and its reward at /logs/verifier in the verify sandbox only; `--oracle` runs solution/solve.sh;
+the fixture tasks through `polar run --task` with two real harnesses (pi and codex, scripted by
+fixtures/policies/harbor.yaml) in bubblewrap; a policy that looks for the tests finds none; malformed task.toml
+files are one line naming the file and the field."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from polar.run.sample import SampleResult
+from polar.sandbox.docker import build_dockerfile, dockerfile_bases
+from polar.sandbox.runtime import SandboxError, names_oci_image, resolve_runtime
+from polar.tasks.harbor import read_reward
+from polar.tasks.spec import TaskError, load_tasks
+from polar_traj import read as read_trajectories
+from tests.polar.sandbox.test_docker import require_engine
+
+ROOT = Path(__file__).resolve().parents[3]
+HARBOR = ROOT / "fixtures" / "harbor"
+POLICY = ROOT / "fixtures" / "policies" / "harbor.yaml"
+
+
+def polar(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "polar.cli", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def task_copy(tmp: Path, name: str, files: dict[str, str] | None = None) -> Path:
+    """A fixture task copied under tmp, with some of its files replaced (path in the task -> text)."""
+    dest = tmp / name
+    shutil.copytree(HARBOR / name, dest)
+    for rel, text in (files or {}).items():
+        (dest / rel).write_text(text)
+    return dest
+
+
+# -- reading ------------------------------------------------------------------------------------------------------
+def test_the_fixture_folder_reads_as_three_tasks():
+    tasks = {t.task_id: t for t in load_tasks(HARBOR)}
+    assert sorted(tasks) == ["count-lines", "fix-mul", "write-hello"]
+    fix = tasks["fix-mul"]
+    assert fix.instruction.startswith("Fix the bug in mul.py")
+    assert (fix.timeout_s, fix.evaluator.kind, fix.evaluator.timeout_s, fix.image) == (240.0, "harbor", 60.0, "host")
+    assert fix.workspace == HARBOR / "fix-mul" / "environment" / "workspace" and fix.tests == HARBOR / "fix-mul" / "tests"
+    assert fix.metadata["difficulty"] == "easy" and fix.metadata["harbor"] == {"cpus": 1.0, "memory_mb": 2048}
+    assert tasks["write-hello"].metadata["harbor"]["memory_mb"] == 1024  # schema 1.1's memory_mb
+    assert tasks["write-hello"].metadata["harbor"]["task"]["name"] == "polar/write-hello"
+    assert tasks["count-lines"].workspace is None  # an empty workspace
+    assert [t.task_id for t in load_tasks(HARBOR / "fix-mul")] == ["fix-mul"]  # one task directory
+
+
+@pytest.mark.parametrize("header", ['version = "1.0"', 'schema_version = "1.2"', 'schema_version = "1.4"', ""])
+def test_schema_versions_in_use_are_read(tmp_path, header):
+    task = task_copy(tmp_path, "write-hello", {"task.toml": f"{header}\n[agent]\ntimeout_sec = 30\n"})
+    assert load_tasks(task)[0].timeout_s == 30.0
+
+
+def test_images_a_task_names(tmp_path):
+    prebuilt = task_copy(tmp_path, "write-hello", {"task.toml": '[environment]\ndocker_image = "python:3.11-slim"\n'})
+    assert load_tasks(prebuilt)[0].image == "python:3.11-slim"
+    built = task_copy(tmp_path, "count-lines")
+    (built / "environment").mkdir()
+    (built / "environment" / "Dockerfile").write_text("FROM polar-tasks:local\nWORKDIR /app\n")
+    image = load_tasks(built)[0].image
+    assert image == str(built / "environment" / "Dockerfile") and names_oci_image(image)
+    if shutil.which("podman") or shutil.which("docker"):
+        assert resolve_runtime("auto", image) == "docker"
+
+
+@pytest.mark.parametrize("files, where, message", [
+    ({"instruction.md": None}, "instruction.md", "instruction: missing"),
+    ({"instruction.md": "  \n"}, "instruction.md", "instruction: empty"),
+    ({"task.toml": "[agent]\ntimeout_sec = -5\n"}, "task.toml", "agent.timeout_sec: expected a positive number of "
+                                                                "seconds, got -5"),
+    ({"task.toml": '[verifier]\ntimeout_sec = "soon"\n'}, "task.toml", "verifier.timeout_sec: expected a positive"),
+    ({"task.toml": 'schema_version = "2.0"\n'}, "task.toml", "schema_version: '2.0': expected one of"),
+    ({"task.toml": "[agent\n"}, "task.toml", "toml: "),
+    ({"task.toml": 'agent = "fast"\n'}, "task.toml", "agent: expected a table [agent]"),
+    ({"task.toml": '[environment]\nmemory = "lots"\n'}, "task.toml", "environment.memory: expected a size"),
+    ({"tests/test.sh": None}, "tests/test.sh", "tests: missing"),
+])
+def test_a_malformed_task_is_one_line_naming_file_and_field(tmp_path, files, where, message):
+    task = task_copy(tmp_path, "write-hello")
+    for rel, text in files.items():
+        (task / rel).unlink() if text is None else (task / rel).write_text(text)
+    with pytest.raises(TaskError) as e:
+        load_tasks(tmp_path)  # the folder: the bad task is named in it
+    assert str(e.value).startswith(f"{task / where}: {message}"), e.value
+    done = polar("run", "--task", str(task), "--adapter", "pi", "--out", str(tmp_path / "out"), timeout=60)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith(f"polar run: {task / where}: {message}") and not (tmp_path / "out").exists()
+
+
+def test_a_folder_without_tasks_is_an_error(tmp_path):
+    with pytest.raises(TaskError, match="no task.toml in it or in its subfolders"):
+        load_tasks(tmp_path)
+
+
+def test_rewards_read_from_the_verifier_logs(tmp_path):
+    logs = tmp_path / "logs"
+    (logs / "verifier").mkdir(parents=True)
+    assert read_reward(logs) == (None, None, None)  # none written: the caller's 0
+    (logs / "verifier" / "reward.txt").write_text("0.25\n")
+    assert read_reward(logs) == (0.25, None, None)
+    (logs / "verifier" / "reward.json").write_text('{"reward": 0.5, "style": 1}')
+    assert read_reward(logs) == (0.5, {"reward": 0.5, "style": 1.0}, None)  # reward.json first
+    (logs / "verifier" / "reward.json").write_text('{"accuracy": 0.75}')
+    assert read_reward(logs) == (0.75, {"accuracy": 0.75}, None)  # a single entry is the reward
+    (logs / "verifier" / "reward.json").write_text('{"a": 1, "b": 0}')
+    assert "names no main `reward` among a, b" in read_reward(logs)[2]
+    (logs / "verifier" / "reward.json").unlink()
+    (logs / "verifier" / "reward.txt").unlink()
+    os.symlink("/etc/hostname", logs / "verifier" / "reward.txt")
+    assert read_reward(logs)[0] is None and "symlink" in read_reward(logs)[2]
+
+
+def test_dockerfile_bases():
+    text = "FROM --platform=linux/amd64 python:3.11 AS build\nRUN make\nFROM build\nFROM scratch\nFROM ${BASE}\n"
+    assert dockerfile_bases(text) == ["python:3.11"]
+
+
+def test_a_dockerfile_whose_base_is_not_here_names_it(tmp_path):
+    engine = require_engine()
+    dockerfile = tmp_path / "Dockerfile"
+    dockerfile.write_text("FROM registry.invalid/nowhere:1\nRUN true\n")
+    with pytest.raises(SandboxError, match=r"base image registry.invalid/nowhere:1 is not on this node"):
+        build_dockerfile(engine, dockerfile)
+
+
+def test_a_dockerfile_task_is_built_and_verified_in_its_container(tmp_path):
+    """environment/Dockerfile from the demo image's local tag: built by the engine (no registry), the oracle and
+    the verifier run in containers of it, the verifier sees what the build put in the image."""
+    engine = require_engine()
+    if engine.run(["image", "inspect", "polar-tasks:local"], check=False).returncode != 0:
+        pytest.fail("no image polar-tasks:local (make setup imports it: scripts/setup_podman.sh)")
+    task = task_copy(tmp_path, "write-hello", {"tests/test.sh": "grep -qx built /opt/marker && grep -qx hello "
+                                                                "hello.txt && echo 1 > /logs/verifier/reward.txt\n"})
+    (task / "environment").mkdir()
+    (task / "environment" / "Dockerfile").write_text("FROM polar-tasks:local\nRUN echo built > /opt/marker\n")
+    done = polar("run", "--task", str(task), "--oracle", "--out", str(tmp_path / "oracle"))
+    assert done.returncode == 0 and "(docker): solve.sh exit 0, reward 1" in done.stdout, done.stdout + done.stderr
+
+
+# -- the oracle and the verify stage ------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["fix-mul", "write-hello", "count-lines"])
+def test_the_oracle_solves_each_task(tmp_path, name):
+    done = polar("run", "--task", str(HARBOR), "--task-id", name, "--oracle", "--runtime", "bwrap",
+                 "--out", str(tmp_path / "oracle"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "solve.sh exit 0, reward 1" in done.stdout
+    if name == "count-lines":
+        assert 'rewards: {"reward": 1.0, "exact": 1.0}' in done.stdout
+
+
+def test_an_oracle_that_does_nothing_scores_zero(tmp_path):
+    task = task_copy(tmp_path, "fix-mul", {"solution/solve.sh": "#!/bin/bash\ntrue\n"})
+    done = polar("run", "--task", str(task), "--oracle", "--runtime", "bwrap", "--out", str(tmp_path / "oracle"))
+    assert done.returncode == 1 and "solve.sh exit 0, reward 0" in done.stdout, done.stdout + done.stderr
+    assert "2 failed" in (tmp_path / "oracle" / "evaluator.stdout").read_text()  # pytest's own verdict
+
+
+def test_the_local_runtime_refuses_a_harbor_verifier(tmp_path):
+    done = polar("run", "--task", str(HARBOR / "write-hello"), "--oracle", "--runtime", "local",
+                 "--out", str(tmp_path / "oracle"))
+    assert done.returncode == 1 and "local runtime: the task needs /solution inside the sandbox" in done.stderr
+
+
+# -- real harnesses -----------------------------------------------------------------------------------------------
+RUNS = {  # (task, adapter) -> expected reward and named rewards
+    ("fix-mul", "pi"): (1.0, None),
+    ("write-hello", "pi"): (1.0, None),
+    ("count-lines", "pi"): (1.0, {"reward": 1.0, "exact": 1.0}),
+    ("fix-mul", "codex"): (1.0, None),
+}
+
+
+def polar_run(tmp: Path, tasks: Path, task_id: str, adapter: str, label: str, model: Path) -> tuple[Path, str]:
+    out = tmp / f"{task_id}-{label}"  # a CA folder of its own: proxies started at once must not share one
+    done = polar("run", "--task", str(tasks), "--task-id", task_id, "--adapter", adapter, "--runtime", "bwrap",
+                 "--policy", str(POLICY), "--model", str(model), "--out", str(out),
+                 "--confdir", str(tmp / f"mitm-{task_id}-{label}"), timeout=600)
+    return out, done.stdout + done.stderr
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, long_model) -> dict[tuple[str, str], tuple[Path, str]]:
+    tmp = tmp_path_factory.mktemp("harbor")
+    peek = task_copy(tmp / "tasks", "fix-mul", {"instruction.md": "Look for the tests of mul.py.\n"})
+    keys = [*RUNS, ("fix-mul", "peek")]
+    with ThreadPoolExecutor(3) as pool:
+        done = pool.map(lambda k: polar_run(tmp, peek.parent if k[1] == "peek" else HARBOR, k[0],
+                                            "pi" if k[1] == "peek" else k[1], k[1], long_model), keys)
+        return dict(zip(keys, done))
+
+
+def result_of(out: Path, printed: str) -> SampleResult:
+    assert (out / "result.json").is_file(), printed
+    return SampleResult.from_dict(json.loads((out / "result.json").read_text()))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task_id, adapter", RUNS)
+def test_a_harbor_task_through_polar_run(runs, task_id, adapter):
+    out, printed = runs[(task_id, adapter)]
+    result = result_of(out, printed)
+    reward, named = RUNS[(task_id, adapter)]
+    assert (result.status, result.failure, result.reward, result.weight) == ("completed", None, reward, 1.0), printed
+    assert result.runtime == "bwrap" and result.calls >= 2, printed
+    rows = read_trajectories(result.trajectories).to_pylist()
+    assert rows and all(r["reward"] == reward for r in rows)
+    metadata = json.loads(rows[0]["metadata"])["task"]
+    assert metadata.get("rewards") == named and metadata["harbor"] is not None
+    assert not (out / "workspace" / "tests").exists() and not (out / "workspace" / "test.sh").exists()
+
+
+@pytest.mark.slow
+def test_the_agent_sees_no_tests_and_no_solution(runs):
+    out, printed = runs[("fix-mul", "peek")]
+    result = result_of(out, printed)
+    seen = (out / "workspace" / "peek.txt").read_text()
+    assert seen.rstrip().endswith("end"), seen
+    for path in ("/tests", "/solution", "/logs"):
+        assert f"cannot access '{path}': No such file or directory" in seen, seen
+    assert "test_mul.py" not in seen and "test.sh" not in seen and "solve.sh" not in seen
+    assert (result.status, result.reward) == ("completed", 0.0), printed  # it fixed nothing: the tests say 0
