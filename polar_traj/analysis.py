@@ -139,6 +139,7 @@ def lineage_by_session(source: Source) -> pd.DataFrame:
     df["trained_tokens"] = df["tokens"].where(df["weight"] > 0, 0)
     out = df.groupby(["session_id", "role"]).size().unstack(fill_value=0)
     out = out.reindex(columns=list(ROLES), fill_value=0)
+    out.columns.name = None
     out.insert(0, "trajectories", out.sum(axis=1))
     out["tokens"] = df.groupby("session_id")["tokens"].sum()
     out["trained_tokens"] = df.groupby("session_id")["trained_tokens"].sum()
