@@ -1,0 +1,57 @@
+"""A folder of Harbor tasks through the workers (issue 31): `polar submit fixtures/harbor --group-size 2 --wait` on
+one real `celery -A workers worker` node (bubblewrap, the tasks' default image), Pi sessions against the reference
+server scripted by fixtures/policies/harbor.yaml. Every sample scores 1 from its task's tests/test.sh, and the
+rows of count-lines carry its reward.json's named rewards: a scored Parquet table with no conversion step."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pytest
+
+from polar.run.services import context_view
+from tests.workers.cluster import node_env, spawn_node, wait_ready
+from tests.workers.test_rollouts import Cluster
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+HARBOR = ROOT / "fixtures" / "harbor"
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory, tiny_model_dir: Path, start_reference_server: Callable[..., str],
+            redis_base: str) -> Iterator[Cluster]:
+    root = tmp_path_factory.mktemp("harbor-batch")
+    model = context_view(tiny_model_dir, 65536, root / "model")
+    engine = start_reference_server(ROOT / "fixtures" / "policies" / "harbor.yaml", model)
+    broker, sessions = redis_base + "/6", redis_base + "/5"
+    node = spawn_node(node_env(broker, sessions, engine, model, root, "h1", runtime="auto"), 2)
+    try:
+        wait_ready(node)
+        yield Cluster(root, broker, sessions, engine, None, model, [node])
+    finally:
+        node.stop()
+
+
+def test_a_folder_of_harbor_tasks_is_a_scored_table(cluster: Cluster) -> None:
+    cli = subprocess.run([sys.executable, "-m", "polar.cli", "submit", str(HARBOR), "--group-size", "2",
+                          "--adapter", "pi", "--wait", "--timeout", "600", "--out", str(cluster.root / "batches"),
+                          "--broker", cluster.broker, "--sessions", cluster.sessions],
+                         cwd=ROOT, capture_output=True, text=True, timeout=700)
+    printed = cli.stdout + cli.stderr
+    assert cli.returncode == 0, printed
+    batch = cluster.client.batch(cli.stdout.split()[1].rstrip(":"))
+    results = batch.results()
+    assert sorted(r["task_id"] for r in results) == ["count-lines"] * 2 + ["fix-mul"] * 2 + ["write-hello"] * 2
+    for r in results:
+        assert (r["status"], r["failure"], r["reward"], r["runtime"]) == ("completed", None, 1.0, "bwrap"), r
+    df = batch.trajectories()
+    assert len(df) >= 6 and (df.reward == 1.0).all() and (df.weight == 1.0).all()
+    for _, row in df.iterrows():
+        task = json.loads(row.metadata)["task"]
+        named = {"reward": 1.0, "exact": 1.0} if row.task_id == "count-lines" else None
+        assert task.get("rewards") == named, task
