@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from polar_traj.build import BuildConfig
 from polar_traj.outcomes import AdvantageConfig, parse_outcomes
 from polar_traj.pipeline import Selection, iter_trajectories
 
@@ -134,3 +135,28 @@ def test_stats_count_roles_per_session(tmp_path, make_record, write_records):
     row = table.loc["sess"]
     assert (row["trajectories"], row["main"], row["subagents"], row["compactions"], row["side_calls"]) == (3, 1, 1, 0, 1)
     assert row["trained_tokens"] == row["tokens"] - 4  # the title call's 2 + 2 tokens are not trained
+
+
+def test_per_request_rows_take_their_chains_lineage(tmp_path, make_record, write_records):
+    write_records(tmp_path, subagent_session(make_record))
+    rows = {t.call_ids[0]: t for t in iter_trajectories(Selection(tmp_path), BuildConfig(strategy="per_request"))}
+    assert {c: rows[c].metadata["lineage"]["role"] for c in rows} == {
+        "m0": "main", "m1": "main", "title": "side_call", "s0": "subagent", "s1": "subagent"}
+    assert rows["s1"].metadata["lineage"]["parent_trajectory_id"] == rows["m0"].trajectory_id
+
+
+def test_cli_lineage_reward_and_stats(tmp_path, make_record, write_records, capsys):
+    from polar.cli import main
+    from polar_traj.parquet import read
+
+    write_records(tmp_path / "caps", subagent_session(make_record))
+    out = tmp_path / "t.parquet"
+    assert main(["traj", "build", str(tmp_path / "caps"), "-o", str(out), "--lineage-reward", "main-only"]) == 0
+    assert "lineage: main 1, subagent 1, compaction_continuation 0, side_call 1" in capsys.readouterr().out
+    assert sorted(read(out).column("weight").to_pylist()) == [0.0, 0.0, 1.0]
+    assert main(["traj", "stats", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "lineage by session" in printed and "subagents" in printed and "side_calls" in printed
+    with pytest.raises(SystemExit) as e:  # argparse: one usage line and exit 2
+        main(["traj", "build", str(tmp_path / "caps"), "-o", str(out), "--lineage-reward", "all"])
+    assert e.value.code == 2 and "invalid choice: 'all'" in capsys.readouterr().err
