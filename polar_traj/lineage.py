@@ -11,13 +11,15 @@ Rules (docs/trajectories.md, "Lineage", tells the same story with the per-harnes
   prefix_merge labelled a `compaction` break, continues that chain: `compaction_continuation`, segment
   + 1. The summarising call stays in the earlier segment, trainable (a chain of its own when the harness
   summarises with another system prompt; it then takes the role and segment of the chain it summarised).
-- Side call: a chain that offers no tools, in a session where some chain does, and is neither of the above
-  (titles, topic and display summaries). Weight 0 by default (outcomes.py).
+- Side call: a chain that offers no tools, in a session where some chain does, whose system prompt or
+  first message says it is a title, topic or classifier call (SIDE_CALL), and is neither of the above.
+  Weight 0 by default (outcomes.py). Other tool-less chains (a framework's reviewer agent) stay main.
 - Forks and other breaks stay in the lineage of the chain they left; every other chain is `main`.
 """
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -28,6 +30,10 @@ from .records import CallRecord
 ROLES = ("main", "subagent", "compaction_continuation", "side_call")
 SPAWN_TOOLS = {"Task": "prompt", "Agent": "prompt", "task": "prompt"}  # tool name -> its prompt argument
 MIN_SUMMARY_CHARS = 40  # a reply shorter than this found in a later prompt could be a coincidence
+# What a tool-less side call's system prompt or first message says it is (OpenCode "You are a title
+# generator", Claude Code's title and new-topic calls, Gemini CLI's next-speaker check, classifiers). A
+# tool-less chain that says none of this (a framework's reviewer agent, a final-answer call) stays main.
+SIDE_CALL = re.compile(r"\btitles?\b|\btopic\b|classif|next speaker|command prefix", re.IGNORECASE)
 COMPACTION_MARKERS = (  # the harness's own words around a summary (Claude Code, OpenCode)
     "This session is being continued from a previous conversation",
     "What did we do so far?",
@@ -71,6 +77,7 @@ class ChainView:
     history: str  # the first prompt's user and assistant messages (no system turns, no tool results)
     history_user: str  # its user messages only
     offers_tools: bool
+    opening: str  # the first prompt's system text and first user message (what a side call says it is)
     answer: str  # the last call's reply text
     replies: dict[str, str]  # call_id -> reply text
     spawns: tuple[Spawn, ...]
@@ -101,6 +108,8 @@ def view_chain(chain: Chain, payload: Payload) -> ChainView:
     return ChainView(
         first_user=squash(users[0].get("content") or "") if users else "", history=history,
         history_user=history_user,
+        opening=" ".join(squash(m.get("content") or "") for m in first["messages"][:-1] if m["role"] == "system")
+        + " " + (squash(users[0].get("content") or "") if users else ""),
         offers_tools=bool(first["tools"]), answer=replies[calls[-1].call_id], replies=replies,
         spawns=tuple(spawns), call_ids=tuple(c.call_id for c in calls),
         started_at=calls[0].started_at, ended_at=calls[-1].ended_at,
@@ -206,8 +215,8 @@ class _Context:
             evidence, s = spawn
             self.used.add(s.tool_call_id)
             return Lineage("subagent", self.chain_of_call[s.call_id], s.call_id, s.tool_call_id, 0, evidence)
-        if self.agentic and not v.offers_tools:
-            return Lineage("side_call", None, None, None, 0, ("no_tools",))
+        if self.agentic and not v.offers_tools and SIDE_CALL.search(v.opening):
+            return Lineage("side_call", None, None, None, 0, ("no_tools", "side_prompt"))
         return Lineage("main")
 
     def _continuation(self, i: int, related: int | None) -> Lineage:

@@ -114,6 +114,15 @@ def test_compaction_continuation_is_segment_one_of_the_summarised_chain(tmp_path
     assert cont["evidence"] == ["summary", "marker"] and rows["c2"].call_ids == ["c2", "c3"]
 
 
+def test_a_toolless_agent_that_is_no_title_or_classifier_stays_main(tmp_path, make_record, write_records):
+    """A framework's reviewer agent offers no tools but is the agents' work: main, weight 1."""
+    records = subagent_session(make_record)[:1] + [make_record(
+        [800, 801], [802, 99], call_id="review", started_at=5.0, response=reply("Approved."),
+        request=chat([{"role": "system", "content": "You review a coder's work."}, {"role": "user", "content": "x"}]))]
+    rows = built(tmp_path, write_records, records)
+    assert rows["review"].metadata["lineage"]["role"] == "main" and rows["review"].weight == 1.0
+
+
 def test_a_session_without_tools_is_all_main(tmp_path, make_record, write_records):
     """No chain offers tools (a plain chat harness): nothing is a side call, every row keeps weight 1."""
     records = [make_record([1, 2], [3, 99], call_id="p0", response=reply("hello")),
