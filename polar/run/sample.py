@@ -96,7 +96,8 @@ class SampleResult:
 
 def _sandbox(state: SampleState) -> Sandbox:
     """The sample's sandbox again: its running instance, or a fresh one over the same folders."""
-    return get_runtime(state.runtime).attach(state.mounts, state.task.image, state.instance)
+    return get_runtime(state.runtime, limits=state.task.sandbox_limits()).attach(state.mounts, state.task.image,
+                                                                                  state.instance)
 
 
 # -- stages -------------------------------------------------------------------------------------------------------
@@ -132,7 +133,7 @@ def _prepare(cfg: SampleConfig, proxy: ProxyHandle, state: SampleState) -> None:
     task = cfg.task
     state.runtime = resolve_runtime(cfg.runtime, task.image)
     mounts = state.mounts
-    sandbox = get_runtime(state.runtime).prepare(
+    sandbox = get_runtime(state.runtime, limits=task.sandbox_limits()).prepare(
         mounts, image=task.image, instance=f"polar-{cfg.sample_id[:40]}-{uuid.uuid4().hex[:6]}")
     state.instance = sandbox.name
     if state.instance:
@@ -202,7 +203,7 @@ def _verify(state: SampleState, out: Path) -> None:
         return
     ground = prepare_verify(state.task, out, before, after)
     state.tampered = list(ground.tampered)
-    sandbox = get_runtime(state.runtime).prepare(
+    sandbox = get_runtime(state.runtime, limits=state.task.sandbox_limits()).prepare(
         ground.mounts, image=state.task.image, instance=f"polar-verify-{state.sample_id[:33]}-{uuid.uuid4().hex[:6]}")
     state.verify_instance = sandbox.name
     state.save()  # stopped by cleanup even if this process dies now

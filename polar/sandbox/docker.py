@@ -241,7 +241,7 @@ def run_args(engine: Engine, mounts: Mounts, who: Identity, limits: Limits, cpus
             "--tmpfs", f"/tmp:rw,nosuid,nodev,size={TMP_BYTES}", "--cap-drop", "ALL",
             "--security-opt", "no-new-privileges", "--user", f"{who.uid}:{who.gid}",
             "--pids-limit", str(limits.processes), "--memory", str(limits.memory_bytes),
-            "--memory-swap", str(limits.memory_bytes), "--cpus", f"{cpus:g}",
+            "--memory-swap", str(limits.memory_bytes), "--cpus", f"{limits.cpus or cpus:g}",
             "--ulimit", f"nofile={nofile}:{nofile}", "--ulimit", f"nproc={nproc}:{nproc}",
             "--ulimit", f"fsize={limits.file_bytes}:{limits.file_bytes}", "--ulimit", "core=0:0"]
     if engine.kind == "podman":

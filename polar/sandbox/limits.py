@@ -32,6 +32,7 @@ class Limits:
     memory_bytes: int = 4 << 30
     processes: int = 1024
     file_bytes: int = 4 << 30  # RLIMIT_FSIZE: the largest file a sandbox process may write or fallocate
+    cpus: float | None = None  # CPU share, where the runtime can bound it (docker --cpus); None: its default
 
     def __post_init__(self) -> None:
         if self.memory_bytes < 16 << 20 or self.processes < 8 or self.file_bytes < 1 << 20:

@@ -34,6 +34,7 @@ SCHEMA_VERSIONS = ("1.0", "1.1", "1.2", "1.3", "1.4")
 DEFAULT_TIMEOUT_S = 600.0  # Harbor's default for the agent and for the verifier
 TESTS_AT, LOGS_AT, SOLUTION_AT = "/tests", "/logs", "/solution"  # where Harbor's scripts look for them
 TEST_COMMAND = ("bash", f"{TESTS_AT}/test.sh")
+MIN_MEMORY_MB = 16  # polar/sandbox/limits.py's floor
 _MEMORY = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]?)B?", re.I)
 
 
@@ -94,16 +95,16 @@ def load_harbor_task(task_dir: Path) -> TaskSpec:
     timeout = _seconds(agent.get("timeout_sec", DEFAULT_TIMEOUT_S), "agent.timeout_sec", fail)
     verify_timeout = _seconds(verifier.get("timeout_sec", DEFAULT_TIMEOUT_S), "verifier.timeout_sec", fail)
     workspace = task_dir / "environment" / "workspace"
-    meta = {**_plain(metadata), "harbor": _plain({k: v for k, v in config.items() if k in ("task", "source")})}
-    if env.get("cpus") is not None:
-        meta["harbor"]["cpus"] = _positive(env["cpus"], "environment.cpus", fail)
+    cpus = None if env.get("cpus") is None else _positive(env["cpus"], "environment.cpus", fail)
     memory = _memory(env, fail)
-    if memory is not None:
-        meta["harbor"]["memory_mb"] = memory
+    harbor = {k: v for k, v in {"cpus": cpus, "memory_mb": memory}.items() if v is not None}
+    meta = {**_plain(metadata), "harbor": {**_plain({k: v for k, v in config.items() if k in ("task", "source")}),
+                                           **harbor}}
     return TaskSpec(task_id, instruction, workspace.resolve() if workspace.is_dir() else None,
                     _image(task_dir, env, fail), None,
                     EvaluatorSpec("harbor", command=" ".join(TEST_COMMAND), timeout_s=verify_timeout),
-                    timeout, timeout + verify_timeout + SESSION_MARGIN_S, MappingProxyType(meta), tests.resolve())
+                    timeout, timeout + verify_timeout + SESSION_MARGIN_S, MappingProxyType(meta), tests.resolve(),
+                    memory_mb=memory, cpus=cpus)
 
 
 def _table(config: Mapping[str, Any], key: str, fail: Any) -> dict[str, Any]:
@@ -126,16 +127,20 @@ def _positive(value: Any, key: str, fail: Any) -> float:
 
 
 def _memory(env: Mapping[str, Any], fail: Any) -> int | None:
-    """Megabytes: memory_mb (1.1+), or 1.0's memory = "2G" / "512M"."""
+    """Megabytes: memory_mb (1.1+), or 1.0's memory = "2G" / "512M"; at least MIN_MEMORY_MB."""
     if env.get("memory_mb") is not None:
-        return int(_positive(env["memory_mb"], "environment.memory_mb", fail))
-    if env.get("memory") is None:
+        key, mb = "environment.memory_mb", int(_positive(env["memory_mb"], "environment.memory_mb", fail))
+    elif env.get("memory") is not None:
+        key, m = "environment.memory", _MEMORY.fullmatch(str(env["memory"]).strip())
+        if not m:
+            raise fail(key, f"expected a size like '2G' or '512M', got {env['memory']!r}")
+        scale = {"": 1 / (1 << 20), "K": 1 / 1024, "M": 1, "G": 1024, "T": 1 << 20}[m.group(2).upper()]
+        mb = int(float(m.group(1)) * scale)
+    else:
         return None
-    m = _MEMORY.fullmatch(str(env["memory"]).strip())
-    if not m:
-        raise fail("environment.memory", f"expected a size like '2G' or '512M', got {env['memory']!r}")
-    scale = {"": 1 / (1 << 20), "K": 1 / 1024, "M": 1, "G": 1024, "T": 1 << 20}[m.group(2).upper()]
-    return max(1, int(float(m.group(1)) * scale))
+    if mb < MIN_MEMORY_MB:
+        raise fail(key, f"{mb} MB: a sandbox needs at least {MIN_MEMORY_MB} MB")
+    return mb
 
 
 def _image(task_dir: Path, env: Mapping[str, Any], fail: Any) -> str:

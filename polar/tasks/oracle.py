@@ -38,7 +38,8 @@ def run_oracle(task: TaskSpec, solve: Path, runtime: str, out: Path) -> OracleRe
     copy_without_privileges(solve.parent, solution)
     name = resolve_runtime(runtime, task.image)
     mounts = Mounts(home, workspace, shared, ((solution, SOLUTION_AT),))
-    sandbox = get_runtime(name).prepare(mounts, image=task.image, instance=f"polar-oracle-{uuid.uuid4().hex[:12]}")
+    sandboxes = get_runtime(name, limits=task.sandbox_limits())
+    sandbox = sandboxes.prepare(mounts, image=task.image, instance=f"polar-oracle-{uuid.uuid4().hex[:12]}")
     try:
         ran = sandbox.exec(["bash", f"{SOLUTION_AT}/{solve.name}"], task_env(mounts), workspace, task.timeout_s,
                            out / "solve.stdout", out / "solve.stderr")
@@ -46,8 +47,8 @@ def run_oracle(task: TaskSpec, solve: Path, runtime: str, out: Path) -> OracleRe
         sandbox.stop()
     shutil.rmtree(solution)  # not in the verifier's view either
     ground = prepare_verify(task, out, {}, {})
-    verifier = get_runtime(name).prepare(ground.mounts, image=task.image,
-                                         instance=f"polar-oracle-verify-{uuid.uuid4().hex[:12]}")
+    verifier = sandboxes.prepare(ground.mounts, image=task.image,
+                                instance=f"polar-oracle-verify-{uuid.uuid4().hex[:12]}")
     summary = {"sample_id": "oracle", "group_id": task.task_id, "adapter": None, "exit_code": ran.exit_code,
                "timed_out": ran.timed_out, "task_id": task.task_id, "files_changed": {}}
     try:

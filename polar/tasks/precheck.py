@@ -75,7 +75,8 @@ def _run_check(task: TaskSpec, runtime: str, scratch: Path) -> VerifierProblem |
     ground = prepare_verify(task, scratch, {}, {})
     summary = {"sample_id": "verifier-check", "group_id": task.task_id, "adapter": None, "exit_code": None,
                "timed_out": False, "task_id": task.task_id, "files_changed": {}}
-    sandbox = get_runtime(runtime).prepare(ground.mounts, image=task.image,
+    sandbox = get_runtime(runtime, limits=task.sandbox_limits()).prepare(
+        ground.mounts, image=task.image,
                                            instance=f"polar-vcheck-{task.task_id[:30]}-{uuid.uuid4().hex[:6]}")
     try:
         result = evaluate(task.evaluator, sandbox, ground.mounts, scratch, summary, task.evaluator.timeout_s,

@@ -12,6 +12,7 @@ Every error is one line: "FILE:LINE: FIELD: problem".
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -22,6 +23,7 @@ from typing import Any, Mapping
 
 import yaml
 
+from polar.sandbox.limits import DEFAULT_LIMITS, Limits
 from polar_traj.records import check_id
 
 TASK_KEYS = ("task_id", "instruction", "workspace", "image", "adapter", "evaluator", "timeout_s",
@@ -79,6 +81,13 @@ class TaskSpec:
     protected: tuple[str, ...] = ()  # workspace globs the agent must not change (restored, flagged as tampered)
     reward_range: tuple[float, float] = DEFAULT_REWARD_RANGE
     max_calls: int = DEFAULT_MAX_CALLS
+    memory_mb: int | None = None  # a Harbor task's [environment] resources; None: the node's sandbox limits
+    cpus: float | None = None
+
+    def sandbox_limits(self) -> Limits:
+        """The limits of this task's sandboxes: the node's defaults, with the task's memory and CPUs."""
+        memory = DEFAULT_LIMITS.memory_bytes if self.memory_mb is None else self.memory_mb << 20
+        return dataclasses.replace(DEFAULT_LIMITS, memory_bytes=memory, cpus=self.cpus)
 
     def to_dict(self) -> dict[str, Any]:
         return {"task_id": self.task_id, "instruction": self.instruction,
@@ -86,7 +95,8 @@ class TaskSpec:
                 "adapter": self.adapter, "evaluator": self.evaluator.to_dict(), "timeout_s": self.timeout_s,
                 "session_timeout_s": self.session_timeout_s, "metadata": dict(self.metadata),
                 "tests": str(self.tests) if self.tests else None, "protected": list(self.protected),
-                "reward_range": list(self.reward_range), "max_calls": self.max_calls}
+                "reward_range": list(self.reward_range), "max_calls": self.max_calls, "memory_mb": self.memory_mb,
+                "cpus": self.cpus}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TaskSpec:
@@ -96,7 +106,7 @@ class TaskSpec:
                    MappingProxyType(dict(data.get("metadata") or {})),
                    Path(data["tests"]) if data.get("tests") else None, tuple(data.get("protected") or ()),
                    tuple(data.get("reward_range") or DEFAULT_REWARD_RANGE),  # type: ignore[arg-type]
-                   int(data.get("max_calls") or DEFAULT_MAX_CALLS))
+                   int(data.get("max_calls") or DEFAULT_MAX_CALLS), data.get("memory_mb"), data.get("cpus"))
 
 
 @dataclass(frozen=True)

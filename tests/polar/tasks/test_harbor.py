@@ -17,6 +17,7 @@ import pytest
 
 from polar.run.sample import SampleResult
 from polar.sandbox.docker import build_dockerfile, dockerfile_bases
+from polar.sandbox.limits import DEFAULT_LIMITS
 from polar.sandbox.runtime import SandboxError, names_oci_image, resolve_runtime
 from polar.tasks.harbor import read_reward
 from polar.tasks.spec import TaskError, load_tasks
@@ -49,8 +50,12 @@ def test_the_fixture_folder_reads_as_three_tasks():
     fix = tasks["fix-mul"]
     assert fix.instruction.startswith("Fix the bug in mul.py")
     assert (fix.timeout_s, fix.evaluator.kind, fix.evaluator.timeout_s, fix.image) == (240.0, "harbor", 60.0, "host")
-    assert fix.workspace == HARBOR / "fix-mul" / "environment" / "workspace" and fix.tests == HARBOR / "fix-mul" / "tests"
+    assert fix.workspace == HARBOR / "fix-mul" / "environment" / "workspace"
+    assert fix.tests == HARBOR / "fix-mul" / "tests"
     assert fix.metadata["difficulty"] == "easy" and fix.metadata["harbor"] == {"cpus": 1.0, "memory_mb": 2048}
+    assert (fix.memory_mb, fix.cpus) == (2048, 1.0)  # 1.0's memory = "2G"
+    assert (fix.sandbox_limits().memory_bytes, fix.sandbox_limits().cpus) == (2 << 30, 1.0)
+    assert tasks["count-lines"].sandbox_limits() == DEFAULT_LIMITS  # no resources named: the node's
     assert tasks["write-hello"].metadata["harbor"]["memory_mb"] == 1024  # schema 1.1's memory_mb
     assert tasks["write-hello"].metadata["harbor"]["task"]["name"] == "polar/write-hello"
     assert tasks["count-lines"].workspace is None  # an empty workspace
@@ -85,6 +90,7 @@ def test_images_a_task_names(tmp_path):
     ({"task.toml": "[agent\n"}, "task.toml", "toml: "),
     ({"task.toml": 'agent = "fast"\n'}, "task.toml", "agent: expected a table [agent]"),
     ({"task.toml": '[environment]\nmemory = "lots"\n'}, "task.toml", "environment.memory: expected a size"),
+    ({"task.toml": '[environment]\nmemory_mb = 8\n'}, "task.toml", "environment.memory_mb: 8 MB: a sandbox needs"),
     ({"tests/test.sh": None}, "tests/test.sh", "tests: missing"),
 ])
 def test_a_malformed_task_is_one_line_naming_file_and_field(tmp_path, files, where, message):
@@ -165,6 +171,16 @@ def test_an_oracle_that_does_nothing_scores_zero(tmp_path):
     done = polar("run", "--task", str(task), "--oracle", "--runtime", "bwrap", "--out", str(tmp_path / "oracle"))
     assert done.returncode == 1 and "solve.sh exit 0, reward 0" in done.stdout, done.stdout + done.stderr
     assert "2 failed" in (tmp_path / "oracle" / "evaluator.stdout").read_text()  # pytest's own verdict
+
+
+def test_the_task_memory_bounds_its_sandbox(tmp_path):
+    """memory_mb = 64: a solve.sh touching 300 MB is killed (the node's default, 4 GiB, would let it through)."""
+    grab = 'python3 -c "b = bytearray(300 << 20); b[::4096] = b\\"x\\" * len(b[::4096])" || exit 9\n'
+    task = task_copy(tmp_path, "write-hello", {"task.toml": "[environment]\nmemory_mb = 64\n",
+                                               "solution/solve.sh": grab + "echo hello > hello.txt\n"})
+    done = polar("run", "--task", str(task), "--oracle", "--runtime", "bwrap", "--out", str(tmp_path / "oracle"))
+    assert done.returncode == 1 and "solve.sh exit 9, reward 0" in done.stdout, done.stdout + done.stderr
+    assert "Killed" in (tmp_path / "oracle" / "solve.stderr").read_text()
 
 
 def test_the_local_runtime_refuses_a_harbor_verifier(tmp_path):
