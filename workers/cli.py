@@ -15,7 +15,8 @@ from workers.settings import DEFAULT_BROKER, sessions_url
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("submit", help="submit a batch of tasks to the rollout workers", description=__doc__)
-    p.add_argument("tasks", type=Path, help="tasks file (YAML or JSONL)")
+    p.add_argument("tasks", type=Path, help="tasks file (YAML or JSONL), or a Harbor task directory or a folder "
+                                            "of them")
     p.add_argument("--group-size", type=int, default=4, help="samples per task (a GRPO group)")
     p.add_argument("--min-groups", type=int, help="finish once this many groups are complete; cancel the rest")
     p.add_argument("--adapter", help="harness adapter for every task (default: each task's own)")

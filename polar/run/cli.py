@@ -31,7 +31,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--adapter", help=f"adapter name ({', '.join(available())}) or a YAML file "
                                      "(with --task: default the task's own)")
     p.add_argument("--instruction", help="the task given to the harness (not with --task)")
-    p.add_argument("--task", type=Path, help="task file (YAML or JSONL, docs/tasks.md): run one scored sample")
+    p.add_argument("--task", type=Path, help="task file (YAML or JSONL, docs/tasks.md) or Harbor task directory: "
+                                             "run one scored sample")
     p.add_argument("--oracle", action="store_true", help="with --task (a Harbor task directory): run its "
                                                          "solution/solve.sh instead of a harness, then its verifier")
     p.add_argument("--image", help="with --task: use this image (SIF, sandbox directory, OCI image or `host`) "
