@@ -92,12 +92,11 @@ def squash(text: str) -> str:
 
 def view_chain(chain: Chain, payload: Payload) -> ChainView:
     calls = chain.calls
-    first = _conversation(calls[0], payload)
-    last = _conversation(calls[-1], payload) if len(calls) > 1 else first
-    users = [m for m in first["messages"][:-1] if m["role"] == "user"]
-    history = " ".join(squash(m.get("content") or "") for m in first["messages"][:-1]
-                       if m["role"] in ("user", "assistant"))
-    history_user = " ".join(squash(m.get("content") or "") for m in first["messages"][:-1] if m["role"] == "user")
+    request, response = _payload(calls[0], payload)
+    first = conversation_messages(calls[0].api, request, None)  # the first prompt, without its reply
+    last = conversation_messages(calls[-1].api, *_payload(calls[-1], payload))
+    prompt = first["messages"]
+    users = [squash(m.get("content") or "") for m in prompt if m["role"] == "user"]
     results = {m.get("tool_call_id"): squash(m.get("content") or "") for m in last["messages"] if m["role"] == "tool"}
     replies: dict[str, str] = {}
     spawns: list[Spawn] = []
@@ -106,26 +105,26 @@ def view_chain(chain: Chain, payload: Payload) -> ChainView:
         replies[call.call_id] = squash(reply.get("content") or "")
         spawns.extend(_spawns(call, reply, results))
     return ChainView(
-        first_user=squash(users[0].get("content") or "") if users else "", history=history,
-        history_user=history_user,
-        opening=" ".join(squash(m.get("content") or "") for m in first["messages"][:-1] if m["role"] == "system")
-        + " " + (squash(users[0].get("content") or "") if users else ""),
-        offers_tools=bool(first["tools"]), answer=replies[calls[-1].call_id], replies=replies,
-        spawns=tuple(spawns), call_ids=tuple(c.call_id for c in calls),
-        started_at=calls[0].started_at, ended_at=calls[-1].ended_at,
+        first_user=users[0] if users else "", history=_texts(prompt, ("user", "assistant")),
+        history_user=" ".join(users), offers_tools=bool(first["tools"]),
+        opening=f"{_texts(prompt, ('system',))} {users[0] if users else ''}",
+        answer=replies[calls[-1].call_id], replies=replies, spawns=tuple(spawns),
+        call_ids=tuple(c.call_id for c in calls), started_at=calls[0].started_at, ended_at=calls[-1].ended_at,
     )
 
 
-def _conversation(call: CallRecord, payload: Payload) -> dict[str, Any]:
-    request, response = (call.request, call.response) if call.request else payload(call.call_id)
-    return conversation_messages(call.api, request, response)
+def _texts(messages: list[dict[str, Any]], roles: tuple[str, ...]) -> str:
+    return " ".join(squash(m.get("content") or "") for m in messages if m["role"] in roles)
+
+
+def _payload(call: CallRecord, payload: Payload) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    return (call.request, call.response) if call.request else payload(call.call_id)
 
 
 def _reply(call: CallRecord, payload: Payload, known: dict[str, Any] | None) -> dict[str, Any]:
     """The call's own reply message (an empty one when it has none)."""
     if known is None:
-        response = call.response if call.request else payload(call.call_id)[1]
-        known = conversation_messages(call.api, {}, response)
+        known = conversation_messages(call.api, {}, _payload(call, payload)[1])
     messages = known["messages"]
     return messages[-1] if messages and messages[-1]["role"] == "assistant" else {}
 
