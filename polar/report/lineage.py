@@ -21,9 +21,9 @@ def lineage_tree(d: ReportData) -> str:
     for sid in sessions[:MAX_SESSIONS]:
         rows = [_node(r) for _, r in df[df["session_id"] == sid].iterrows()]
         counts = {role: sum(n["role"] == role for n in rows) for role in ("subagent", "compaction_continuation", "side_call")}
-        body.append(f'<details open><summary>{escape(sid)}: {len(rows)} trajectories, {counts["subagent"]} '
-                    f'sub-agents, {counts["compaction_continuation"]} compactions, {counts["side_call"]} side calls'
-                    f'</summary>{_tree(rows)}</details>')
+        body.append(f'<details open><summary>{escape(sid)}: {len(rows)} trajectories; sub-agents '
+                    f'{counts["subagent"]}, compactions {counts["compaction_continuation"]}, side calls '
+                    f'{counts["side_call"]}</summary>{_tree(rows)}</details>')
     if len(sessions) > MAX_SESSIONS:
         body.append(note(f"{len(sessions) - MAX_SESSIONS} more sessions not drawn."))
     return section("lineage", "Lineage: sub-agents, compactions and side calls", body)
