@@ -100,6 +100,8 @@ def test_a_malformed_task_is_one_line_naming_file_and_field(tmp_path, files, whe
     with pytest.raises(TaskError) as e:
         load_tasks(tmp_path)  # the folder: the bad task is named in it
     assert str(e.value).startswith(f"{task / where}: {message}"), e.value
+    if not message.startswith(("instruction: missing", "agent.timeout_sec")):
+        return  # the two cases, also through the command line
     done = polar("run", "--task", str(task), "--adapter", "pi", "--out", str(tmp_path / "out"), timeout=60)
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
     assert done.stderr.startswith(f"polar run: {task / where}: {message}") and not (tmp_path / "out").exists()
@@ -190,9 +192,7 @@ def test_the_local_runtime_refuses_a_harbor_verifier(tmp_path):
 
 
 # -- real harnesses -----------------------------------------------------------------------------------------------
-RUNS = {  # (task, adapter) -> expected reward and named rewards
-    ("fix-mul", "pi"): (1.0, None),
-    ("write-hello", "pi"): (1.0, None),
+RUNS = {  # (task, adapter) -> expected reward and named rewards; Pi on every task: tests/workers/test_harbor_batch
     ("count-lines", "pi"): (1.0, {"reward": 1.0, "exact": 1.0}),
     ("fix-mul", "codex"): (1.0, None),
 }
