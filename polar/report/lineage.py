@@ -20,7 +20,8 @@ def lineage_tree(d: ReportData) -> str:
                  "compaction (segment n) and side calls (weight 0 by default).")]
     for sid in sessions[:MAX_SESSIONS]:
         rows = [_node(r) for _, r in df[df["session_id"] == sid].iterrows()]
-        counts = {role: sum(n["role"] == role for n in rows) for role in ("subagent", "compaction_continuation", "side_call")}
+        counts = {role: sum(n["role"] == role for n in rows)
+                  for role in ("subagent", "compaction_continuation", "side_call")}
         body.append(f'<details open><summary>{escape(sid)}: {len(rows)} trajectories; sub-agents '
                     f'{counts["subagent"]}, compactions {counts["compaction_continuation"]}, side calls '
                     f'{counts["side_call"]}</summary>{_tree(rows)}</details>')

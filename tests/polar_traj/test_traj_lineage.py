@@ -142,7 +142,8 @@ def test_stats_count_roles_per_session(tmp_path, make_record, write_records):
     assert any(line.startswith("lineage: main 1, subagent 1") for line in result.stats.summary_lines())
     table = lineage_by_session(tmp_path / "t.parquet")
     row = table.loc["sess"]
-    assert (row["trajectories"], row["main"], row["subagents"], row["compactions"], row["side_calls"]) == (3, 1, 1, 0, 1)
+    counts = (row["trajectories"], row["main"], row["subagents"], row["compactions"], row["side_calls"])
+    assert counts == (3, 1, 1, 0, 1)
     assert row["trained_tokens"] == row["tokens"] - 4  # the title call's 2 + 2 tokens are not trained
 
 

@@ -65,7 +65,8 @@ def one_run(name: str, spec: AdapterSpec, instruction: str, out: Path, backend: 
     cfg = RunConfig(spec, instruction, out, way_in="base_url", timeout_s=300, task_id=f"lineage-{name}")
     result = run_session(cfg, EngineConfig(model, backend=backend), proxy)
     records = [r for f in result.files for r in read_capture_dicts(f)]
-    rows = read_trajectories(out / "trajectories.parquet").to_pylist() if (out / "trajectories.parquet").exists() else []
+    table = out / "trajectories.parquet"
+    rows = read_trajectories(table).to_pylist() if table.exists() else []
     return LineageRun(name, result, records, rows)
 
 
@@ -208,7 +209,8 @@ def test_opencode_compaction_two_segments(runs, tokenizer, tmp_path):
 
     inherit, built = rebuild(run, tmp_path / "inherit.parquet", "inherit")
     only_main, _ = rebuild(run, tmp_path / "main-only.parquet", "main-only")
-    assert {t["trajectory_id"] for t in only_main if t["weight"] > 0} == {main["trajectory_id"], summary["trajectory_id"]}
+    trained = {t["trajectory_id"] for t in only_main if t["weight"] > 0}
+    assert trained == {main["trajectory_id"], summary["trajectory_id"]}
     assert built.stats.roles["compaction_continuation"] == 1
     print(f"\n{run.name}: {built.stats.calls} calls -> {len(run.rows)} trajectories, breaks {built.stats.breaks}, "
           f"merge ratio {built.stats.token_ratio:.2f}x; trainer tokens all rows {token_counts(inherit)[0]}, "
