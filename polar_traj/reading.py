@@ -49,6 +49,8 @@ class Session:
         """(request, response) of one call: kept from a linear (format 2) line, else read back from its line."""
         if call_id in self.payloads:
             return self.payloads[call_id]
+        if call_id not in self.offsets:  # a session built in memory (no file): its records carry what it has
+            return {}, None
         with open(self.file.path, "rb") as f:
             f.seek(self.offsets[call_id])
             data = loads_line(f.readline())
