@@ -58,6 +58,23 @@ def read(r: redis.Redis, after: str, block_ms: int = 1000, count: int = 500) -> 
     return parse(found[0][1]) if found else []
 
 
+async def read_async(r, after: str, block_ms: int = 1000, count: int = 500) -> list[Event]:
+    """`read` on a redis.asyncio client: a waiting reader holds no thread (one per SSE client otherwise)."""
+    found = await r.xread({STREAM: after}, count=count, block=block_ms)
+    return parse(found[0][1]) if found else []
+
+
+def async_client(sync: redis.Redis):
+    """A redis.asyncio client to the same server and db as `sync` (TCP or unix socket)."""
+    import redis.asyncio
+
+    kw = sync.connection_pool.connection_kwargs
+    common = {k: kw[k] for k in ("db", "username", "password") if kw.get(k) is not None}
+    if kw.get("path"):
+        return redis.asyncio.Redis(unix_socket_path=kw["path"], **common)
+    return redis.asyncio.Redis(host=kw.get("host", "127.0.0.1"), port=kw.get("port", 6379), **common)
+
+
 def history(r: redis.Redis, after: str = "-", count: int = 10_000) -> list[Event]:
     """Events still in the stream after `after` (inclusive for "-"), oldest first."""
     start = after if after == "-" else f"({after}"

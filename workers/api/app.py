@@ -93,8 +93,10 @@ def create_app(config: ApiConfig, retry: RetryPolicy = RetryPolicy()) -> FastAPI
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         finisher.start()
+        service.ar = events.async_client(service.r)  # made on the server's own event loop
         yield
         finisher.stop()
+        await service.ar.aclose()
 
     app = FastAPI(title="Polar rollout service", lifespan=lifespan, docs_url="/docs", redoc_url=None)
     app.state.service = service
@@ -214,7 +216,7 @@ async def _sse(request: Request, service: Service, after: str, batch: str | None
     yield _frame("hello", {"after": after})
     beat = time.monotonic()
     while not await request.is_disconnected():
-        found = await asyncio.to_thread(events.read, service.r, after, int(min(heartbeat_s, 1.0) * 1000))
+        found = await events.read_async(service.ar, after, int(min(heartbeat_s, 1.0) * 1000))
         for ev in found:
             after = ev.id
             if batch is None or ev.data.get("batch_id") in (None, batch):

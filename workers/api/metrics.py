@@ -36,7 +36,8 @@ def render(r: redis.Redis, paused: bool, limit: int = 200) -> str:
     by_status = {batches.RUNNING: 0, batches.COMPLETED: 0, batches.CANCELLED: 0}
     states: list[dict[str, Any]] = []
     for b in batches.batch_ids(r)[:limit]:
-        by_status[batches.status(r, b)] = by_status.get(batches.status(r, b), 0) + 1
+        status = batches.status(r, b)
+        by_status[status] = by_status.get(status, 0) + 1
         for st in batches.samples(r, b).values():
             by_state[st.get("stage", "queued")] = by_state.get(st.get("stage", "queued"), 0) + 1
             states.append(st)

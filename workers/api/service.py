@@ -41,6 +41,7 @@ class Service:
         self.config = config
         self.client = PolarClient(config.broker, config.sessions)
         self.r = self.client.redis
+        self.ar: Any = None  # a redis.asyncio client for the SSE readers, made when the server starts
 
     def submit(self, sub: Submission) -> dict[str, Any]:
         if sub.samples > self.config.max_samples:

@@ -176,6 +176,9 @@ def test_task_request_by_curl_with_signed_callbacks(api: Api):
     assert downloaded == folder and len(folder) >= 2
     assert [r["trajectory_id"] for r in rows] == [r["trajectory_id"] for r in folder]
     assert rows[0]["prompt_ids"] == folder[0]["prompt_ids"]
+    with api.http() as c:  # the page a dashboard sample links to
+        page = c.get(f"/api/batches/{batch_id}/report")
+    assert page.status_code == 200 and batch_id in page.text and "<html" in page.text.lower()
 
 
 def sse_events(api: Api, seen: list, ready: threading.Event, stop: threading.Event) -> None:
