@@ -38,11 +38,6 @@ MIN_MEMORY_MB = 16  # polar/sandbox/limits.py's floor
 _MEMORY = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]?)B?", re.I)
 
 
-def is_harbor(path: Path) -> bool:
-    """Whether `path` is a Harbor task directory or a folder holding some."""
-    return path.is_dir() and ((path / TASK_FILE).is_file() or any(path.glob(f"*/{TASK_FILE}")))
-
-
 def load_harbor(path: Path) -> list[TaskSpec]:
     """The task of a Harbor task directory, or every task directory directly under a folder, sorted by name."""
     path = Path(path).resolve()
