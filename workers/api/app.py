@@ -12,6 +12,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, AsyncIterator
 
+import redis
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, PlainTextResponse, StreamingResponse
@@ -98,7 +99,8 @@ def create_app(config: ApiConfig, retry: RetryPolicy = RetryPolicy()) -> FastAPI
         finisher.stop()
         await service.ar.aclose()
 
-    app = FastAPI(title="Polar rollout service", lifespan=lifespan, docs_url="/docs", redoc_url=None)
+    # No /docs: Swagger UI loads its scripts from a CDN; the schema is at /openapi.json.
+    app = FastAPI(title="Polar rollout service", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.service = service
     app.add_middleware(Guard, token=config.token, max_body=config.max_body)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
@@ -120,8 +122,11 @@ def create_app(config: ApiConfig, retry: RetryPolicy = RetryPolicy()) -> FastAPI
         return _json_error(404, f"no batch {exc.args[0]!r}")
 
     @app.get("/health")
-    def health() -> dict[str, Any]:
-        service.r.ping()
+    def health() -> Any:
+        try:
+            service.r.ping()
+        except redis.RedisError as e:
+            return _json_error(503, f"redis: {e}", ok=False)
         return {"ok": True}
 
     @app.post("/api/tasks", status_code=201)
