@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import re
 import socket
 import time
 from contextlib import asynccontextmanager
@@ -13,7 +14,7 @@ from pathlib import Path
 from typing import Any, AsyncIterator
 
 import redis
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, PlainTextResponse, StreamingResponse
 from fastapi.staticfiles import StaticFiles
@@ -196,8 +197,12 @@ def create_app(config: ApiConfig, retry: RetryPolicy = RetryPolicy()) -> FastAPI
                                  media_type="text/plain; version=0.0.4")
 
     @app.get("/events")
-    async def event_stream(request: Request, batch: str | None = None) -> StreamingResponse:
-        after = request.headers.get("last-event-id") or await asyncio.to_thread(events.last_id, service.r)
+    async def event_stream(request: Request, batch: str | None = None, after: str | None = None) -> Response:
+        """From the `Last-Event-ID` header (a reconnecting client), else `?after=` (the dashboard's snapshot
+        position), else from now."""
+        after = request.headers.get("last-event-id") or after or await asyncio.to_thread(events.last_id, service.r)
+        if not re.fullmatch(r"\d+-\d+", after):
+            return _json_error(422, f"after: {after!r} is not a stream id (MILLISECONDS-SEQUENCE)", field="after")
         return StreamingResponse(_sse(request, service, after, batch, config.heartbeat_s),
                                  media_type="text/event-stream",
                                  headers={"cache-control": "no-store", "x-accel-buffering": "no"})

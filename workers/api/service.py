@@ -99,6 +99,7 @@ class Service:
         return self.client.batch(batch_id).cancel()
 
     def overview(self) -> dict[str, Any]:
+        after = events.last_id(self.r)  # read first: /events?after= then misses nothing this snapshot lacks
         ids = batches.batch_ids(self.r)[: self.config.list_limit]
         listed = []
         for b in ids:
@@ -109,7 +110,7 @@ class Service:
             meta = batches.info(self.r, b)
             listed.append({"batch_id": b, "progress": p.to_dict(), "line": p.line(),
                            "created": float(meta.get("created", 0))})
-        return {"batches": listed, "fence": {"paused": self.client.is_paused()},
+        return {"batches": listed, "events_after": after, "fence": {"paused": self.client.is_paused()},
                 "nodes": [{"node": n.node, "state": n.state, "load": n.load, "beat_at": n.beat_at}
                           for n in self.client.nodes()]}
 

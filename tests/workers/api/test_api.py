@@ -254,6 +254,7 @@ def test_auth_bad_input_and_a_refusing_callback(api: Api):
                                             "tasks": None, "metadata": {"pad": "y" * (2 << 20)}})
         assert answer.status_code == 413, answer.text
         assert c.get("/rollout/task/no-such-batch").status_code == 404
+        assert c.get("/events", params={"after": "yesterday"}).json()["field"] == "after"
     refused = f"http://127.0.0.1:{free_port()}/nobody"  # nothing listens there
     batch_id = api.short(1, task_id="refused", callback_url=refused)["batch_id"]
     status = api.wait(batch_id, until=lambda s: s["callbacks"]["failed"] >= 2)

@@ -197,7 +197,8 @@ async function start() {
   }
   render();
   await Promise.all(snapshot.batches.slice(0, 10).map(b => loadBatch(b.batch_id).catch(() => null)));
-  const source = new EventSource("/events");
+  // From the snapshot's stream position: whatever changed since the snapshot arrives as events.
+  const source = new EventSource("/events?after=" + encodeURIComponent(snapshot.events_after));
   const stream = document.getElementById("stream");
   source.addEventListener("hello", () => { stream.textContent = "events: live"; stream.className = "pill live"; });
   source.addEventListener("sample", e => onSample(JSON.parse(e.data)));
