@@ -125,7 +125,8 @@ def _harbor(spec: EvaluatorSpec, sandbox: Sandbox, mounts: Mounts, out: Path, ti
     """A Harbor task's tests/test.sh at /tests; its reward from /logs/verifier (polar/tasks/harbor.py). No reward
     file is 0 (`pytest && echo 1 > reward.txt`: the tests failed); a malformed one is the workspace's 0 too, and
     no reward at all on the untouched workspace (precheck)."""
-    from polar.tasks.harbor import LOGS_AT, TEST_COMMAND, read_reward
+    from polar.tasks.harbor import TEST_COMMAND, read_reward
+    from polar.tasks.task import LOGS_AT
 
     logs = next(src for src, dst in mounts.binds if dst == LOGS_AT)
     result, _text, output, timed_out = _run_command(list(TEST_COMMAND), spec, sandbox, mounts, out, timeout_s)

@@ -25,14 +25,13 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from polar.tasks.spec import SESSION_MARGIN_S, EvaluatorSpec, TaskError, TaskSpec
+from polar.tasks.task import SESSION_MARGIN_S, TESTS_AT, EvaluatorSpec, TaskError, TaskSpec
 from polar.tasks.verify import AgentFileError, AgentFileMissing, read_beneath
 from polar_traj.records import check_id
 
 TASK_FILE = "task.toml"
 SCHEMA_VERSIONS = ("1.0", "1.1", "1.2", "1.3", "1.4")
 DEFAULT_TIMEOUT_S = 600.0  # Harbor's default for the agent and for the verifier
-TESTS_AT, LOGS_AT, SOLUTION_AT = "/tests", "/logs", "/solution"  # where Harbor's scripts look for them
 TEST_COMMAND = ("bash", f"{TESTS_AT}/test.sh")
 MIN_MEMORY_MB = 16  # polar/sandbox/limits.py's floor
 _MEMORY = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]?)B?", re.I)

@@ -15,9 +15,8 @@ from pathlib import Path
 from polar.sandbox.identity import copy_without_privileges
 from polar.sandbox.runtime import Mounts, get_runtime, resolve_runtime
 from polar.tasks.evaluate import Evaluation, evaluate, task_env
-from polar.tasks.harbor import SOLUTION_AT
 from polar.tasks.precheck import pristine
-from polar.tasks.spec import TaskSpec
+from polar.tasks.task import SOLUTION_AT, TaskSpec
 from polar.tasks.verify import prepare_verify
 
 

@@ -12,18 +12,20 @@ Every error is one line: "FILE:LINE: FIELD: problem".
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping
 
 import yaml
 
-from polar.sandbox.limits import DEFAULT_LIMITS, Limits
+# the task's values live in polar/tasks/task.py; callers import them from here too
+from polar.tasks.harbor import load_harbor
+from polar.tasks.task import (DEFAULT_EVAL_TIMEOUT_S, DEFAULT_MAX_CALLS, DEFAULT_REWARD_RANGE,  # noqa: F401
+                              DEFAULT_TIMEOUT_S, SESSION_MARGIN_S, EvaluatorSpec, TaskError, TaskSpec)
 from polar_traj.records import check_id
 
 TASK_KEYS = ("task_id", "instruction", "workspace", "image", "adapter", "evaluator", "timeout_s",
@@ -33,80 +35,7 @@ REWARD_SOURCES = ("exit", "stdout", "file")
 EVALUATOR_KEYS = {"command": {"command", "reward", "reward_file", "timeout_s"},
                   "files": {"files", "timeout_s"},
                   "python": {"python", "timeout_s"}}
-DEFAULT_TIMEOUT_S = 600.0
-DEFAULT_EVAL_TIMEOUT_S = 120.0
-SESSION_MARGIN_S = 120.0  # default session budget beyond the agent's and the evaluator's
-DEFAULT_REWARD_RANGE = (0.0, 1.0)
-DEFAULT_MAX_CALLS = 400  # LLM calls one session may make (harness and anything the agent runs, together)
 _PY_TARGET = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
-
-
-class TaskError(ValueError):
-    """A malformed task file; the message is "FILE:LINE: FIELD: problem"."""
-
-
-@dataclass(frozen=True)
-class EvaluatorSpec:
-    """How a finished sample is scored (polar/tasks/evaluate.py)."""
-
-    kind: str  # command | files | python | harbor (a Harbor task's tests/test.sh, polar/tasks/harbor.py)
-    command: str | None = None  # kind command: a shell line, run in the sandbox's workspace
-    reward: str = "exit"  # kind command: exit (1.0 for exit 0 else 0.0) | stdout (last line) | file
-    reward_file: str = "reward.txt"  # kind command, reward file: relative to the workspace
-    files: Mapping[str, str | None] = field(default_factory=lambda: MappingProxyType({}))  # path -> text|None
-    python: str | None = None  # kind python: module:function(workspace: Path, summary: dict) -> float|dict
-    timeout_s: float = DEFAULT_EVAL_TIMEOUT_S
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "command": self.command, "reward": self.reward, "reward_file": self.reward_file,
-                "files": dict(self.files), "python": self.python, "timeout_s": self.timeout_s}
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> EvaluatorSpec:
-        return cls(**{**data, "files": MappingProxyType(dict(data.get("files") or {}))})
-
-
-@dataclass(frozen=True)
-class TaskSpec:
-    task_id: str
-    instruction: str
-    workspace: Path | None
-    image: str  # SIF path, sandbox directory, OCI reference or tarball, or "host"
-    adapter: str | None
-    evaluator: EvaluatorSpec
-    timeout_s: float = DEFAULT_TIMEOUT_S
-    session_timeout_s: float = DEFAULT_TIMEOUT_S + DEFAULT_EVAL_TIMEOUT_S + SESSION_MARGIN_S
-    metadata: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
-    tests: Path | None = None  # task-owned verification files, staged after the run (the agent never sees them)
-    protected: tuple[str, ...] = ()  # workspace globs the agent must not change (restored, flagged as tampered)
-    reward_range: tuple[float, float] = DEFAULT_REWARD_RANGE
-    max_calls: int = DEFAULT_MAX_CALLS
-    memory_mb: int | None = None  # a Harbor task's [environment] resources; None: the node's sandbox limits
-    cpus: float | None = None
-
-    def sandbox_limits(self) -> Limits:
-        """The limits of this task's sandboxes: the node's defaults, with the task's memory and CPUs."""
-        memory = DEFAULT_LIMITS.memory_bytes if self.memory_mb is None else self.memory_mb << 20
-        return dataclasses.replace(DEFAULT_LIMITS, memory_bytes=memory, cpus=self.cpus)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"task_id": self.task_id, "instruction": self.instruction,
-                "workspace": str(self.workspace) if self.workspace else None, "image": self.image,
-                "adapter": self.adapter, "evaluator": self.evaluator.to_dict(), "timeout_s": self.timeout_s,
-                "session_timeout_s": self.session_timeout_s, "metadata": dict(self.metadata),
-                "tests": str(self.tests) if self.tests else None, "protected": list(self.protected),
-                "reward_range": list(self.reward_range), "max_calls": self.max_calls, "memory_mb": self.memory_mb,
-                "cpus": self.cpus}
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> TaskSpec:
-        return cls(data["task_id"], data["instruction"], Path(data["workspace"]) if data.get("workspace") else None,
-                   data["image"], data.get("adapter"), EvaluatorSpec.from_dict(data["evaluator"]),
-                   float(data["timeout_s"]), float(data["session_timeout_s"]),
-                   MappingProxyType(dict(data.get("metadata") or {})),
-                   Path(data["tests"]) if data.get("tests") else None, tuple(data.get("protected") or ()),
-                   tuple(data.get("reward_range") or DEFAULT_REWARD_RANGE),  # type: ignore[arg-type]
-                   int(data.get("max_calls") or DEFAULT_MAX_CALLS), data.get("memory_mb"), data.get("cpus"))
 
 
 @dataclass(frozen=True)
@@ -126,8 +55,6 @@ def load_tasks(path: str | Path) -> list[TaskSpec]:
     (polar/tasks/harbor.py), validated; raises TaskError ("FILE:LINE: FIELD: problem")."""
     path = Path(path)
     if path.is_dir():
-        from polar.tasks.harbor import load_harbor  # it imports this module
-
         return load_harbor(path)
     try:
         text = path.read_text(encoding="utf-8")

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from polar.sandbox.identity import copy_without_privileges, drop_privilege_bits
 from polar.sandbox.runtime import Mounts
-from polar.tasks.spec import TaskSpec
+from polar.tasks.task import LOGS_AT, TESTS_AT, TaskSpec
 
 READ_LIMIT = 1 << 20  # bytes of an agent-made file the host reads at most
 HOME_HOOKS = ("usercustomize.py", "sitecustomize.py")  # run by any python that sees a user site
@@ -69,8 +69,6 @@ def prepare_verify(task: TaskSpec, out: Path, before: dict[str, str], after: dic
 
 def _harbor_binds(task: TaskSpec, root: Path) -> tuple[tuple[Path, str], ...]:
     """A Harbor verifier's folders: the task's tests at /tests, an empty /logs/verifier for its reward."""
-    from polar.tasks.harbor import LOGS_AT, TESTS_AT  # it imports this module
-
     tests, logs = root / "tests", root / "logs"
     if task.tests:
         copy_without_privileges(task.tests, tests)
