@@ -33,4 +33,7 @@ bash scripts/install_python_harnesses.sh
 step "openclaw (npm, pinned, on its own node)"
 bash scripts/install_openclaw.sh
 
+step "more harness CLIs (npm, pinned, own prefix)"
+bash scripts/install_more_harnesses.sh
+
 step "setup done"
