@@ -40,10 +40,13 @@ class Replica:
     served: int = 0  # calls answered there
     misses: int = 0  # consecutive failed probes
     seen: bool = False  # it answered a probe or a call at least once
+    waiting: str = ""  # why its probes fail while it is still counted as up (the start-up grace)
 
     @property
     def state(self) -> str:
-        return "up" if self.up else f"down ({self.why_down})"
+        if not self.up:
+            return f"down ({self.why_down})"
+        return f"not answering yet ({self.waiting})" if self.waiting else "up"
 
 
 class EnginePool:
@@ -80,7 +83,7 @@ class EnginePool:
     def mark_up(self, replica: Replica) -> None:
         if not replica.up:
             log.warning("polar: engine %s is up again; it takes new sessions", replica.url)
-        replica.up, replica.why_down, replica.misses, replica.seen = True, "", 0, True
+        replica.up, replica.why_down, replica.misses, replica.seen, replica.waiting = True, "", 0, True, ""
 
     def answered(self, replica: Replica) -> None:
         """A call was served there: it is up, whatever its last probe said."""
@@ -93,7 +96,8 @@ class EnginePool:
 
     def _probe_failed(self, replica: Replica, why: str, at_once: bool) -> None:
         if not replica.seen and time.monotonic() < self.grace_until:
-            return  # still starting, perhaps: a call that fails there marks it down (fail_over)
+            replica.waiting = why  # still starting, perhaps: a call that fails there marks it down (fail_over)
+            return
         replica.misses += 1
         if at_once or replica.misses >= PROBE_MISSES:
             self.mark_down(replica, why)

@@ -36,7 +36,7 @@ def test_polar_proxy_prints_the_harness_environment_and_serves(tmp_path, referen
     assert f"CA certificate {tmp_path / 'conf' / 'mitmproxy-ca-cert.pem'}" in out
     assert f"export HTTPS_PROXY=http://SESSION:TOKEN@127.0.0.1:{p1}" in out
     assert f"export ANTHROPIC_BASE_URL=http://127.0.0.1:{p2}" in out
-    assert f"engine {reference_server} up" in out and f"engine {dead} down (health probe" in out
+    assert f"engine {reference_server} up" in out and f"engine {dead} not answering yet (health probe" in out
     assert (tmp_path / "conf" / "polar-ca-bundle.pem").read_text().count("BEGIN CERTIFICATE") >= 2
 
 
