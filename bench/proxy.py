@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -30,6 +29,7 @@ import httpx  # noqa: E402
 
 from polar_mitm.launch import proxy_process  # noqa: E402
 from polar_serve.launch import reference_server  # noqa: E402
+from polar_traj.capture_reader import read_capture, read_capture_dicts  # noqa: E402
 
 MODEL = ROOT / "fixtures" / "tiny-qwen2"
 NEW_TOKENS = 8
@@ -57,7 +57,7 @@ def latency(proxy, engine: str, calls: int, concurrency: int) -> None:
     client.post(proxy.base_url + "/v1/chat/completions", json=chat_body("warm up the bench"),
                 headers={"authorization": "Bearer k", "x-session-id": "ids"}).raise_for_status()
 
-    ids = json.loads((proxy.capture_dir / "local" / "ids.jsonl").read_text().splitlines()[0])["prompt_ids"]
+    ids = list(next(read_capture(proxy.capture_dir / "local" / "ids.jsonl")).prompt_ids)
     direct_body = {"input_ids": ids, "return_logprob": True,
                    "sampling_params": {"max_new_tokens": NEW_TOKENS, "temperature": 0}}
 
@@ -147,7 +147,7 @@ def cpu_per_turn(proxy, turns: int) -> None:
         messages += [{"role": "assistant", "content": reply},
                      {"role": "user", "content": f"tool output {turn}: " + "ls -la src " * 3}]
 
-    records = [json.loads(x) for x in (proxy.capture_dir / "local" / "grow.jsonl").read_text().splitlines()]
+    records = list(read_capture_dicts(proxy.capture_dir / "local" / "grow.jsonl"))
     substituted = sum(r["prefix_source"] == "substituted" for r in records)
     early, late = statistics.mean(cpu[:5]), statistics.mean(cpu[-5:])
     print(f"proxy CPU per turn over a growing conversation ({turns} turns, {substituted} substituted, "

@@ -171,15 +171,14 @@ class Dispatcher:
             self._remember(call, completion)
 
     async def settle(self, call: calls.Call, completion, body: dict | None, error: str | None) -> None:
-        """`finish`, with a large call's record encoded and written on the pool. Raises CaptureError."""
-        if not call.large:
-            return self.finish(call, completion, body, error)
+        """`finish` without blocking the loop: the record goes into the capture writer's next batch, and the
+        reply waits until it is durable. Raises CaptureError."""
         if call.recorded:
             return
         record = calls.make_record(call, body, error=error, flags=self._flags(call))
         call.recorded = True  # the claim (see `record`); kept if this await is cancelled, the write goes on
         try:
-            await asyncio.get_running_loop().run_in_executor(self._pool, self.capture.write, record)
+            await self.capture.commit(record, _extends(call))
         except Exception:  # nothing on disk (a cancellation is not an Exception: the claim stands)
             call.recorded = False
             raise
@@ -206,6 +205,22 @@ class Dispatcher:
                 return error_response(call.route.api, 500, f"polar: {ce}")
         return error_response(call.route.api, e.status, e.message, e.kind)
 
+    async def fail_async(self, call: calls.Call, e: ProviderError) -> http.Response:
+        """`fail` without blocking the event loop while the record is written (the loop serves other calls)."""
+        if e.status >= 500 or e.status == 413:
+            log.error("polar: call %s: %s", call.call_id, e.message)
+        if call.route.kind == "generate" and not call.recorded:
+            call.recorded = True  # the claim (see `record`)
+            try:
+                await self.capture.commit(calls.make_record(call, None, error=e.message, flags=tuple(call.flags)),
+                                          _extends(call))
+            except Exception as ce:
+                call.recorded = False
+                if not isinstance(ce, CaptureError):
+                    raise
+                return error_response(call.route.api, 500, f"polar: {ce}")
+        return error_response(call.route.api, e.status, e.message, e.kind)
+
     # A call has one record. The first writer claims it before writing, so a disconnect noticed meanwhile (the
     # error hook, the relay finishing the stream) cannot add a second line with the same call_id, which readers
     # refuse.
@@ -215,8 +230,14 @@ class Dispatcher:
             return False
         call.recorded = True
         try:
-            self.capture.write(record)
+            self.capture.write(record, _extends(call))
         except Exception:
             call.recorded = False  # nothing on disk: an error record may still be tried
             raise
         return True
+
+
+def _extends(call: calls.Call) -> int:
+    """How many leading prompt ids are the parent call's prompt + output (the capture writer then checks
+    only the seam), 0 for a prompt rendered in full."""
+    return call.prompt.extends if call.prompt is not None and call.prompt.parent_call_id else 0

@@ -57,6 +57,7 @@ class Polar:
 
     async def done(self) -> None:
         await self.router.done()
+        self.capture.done()  # the records still queued are written
 
     # -- connection layer -----------------------------------------------------------------------------------
     def next_layer(self, nextlayer) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import orjson
 from mitmproxy import http
 
 from polar_mitm.conversation import ProviderError
@@ -15,7 +16,11 @@ def family_api(family: str) -> str:
 
 
 def json_response(status: int, body: Any) -> http.Response:
-    return http.Response.make(status, json.dumps(body).encode(), {"content-type": "application/json"})
+    try:
+        data = orjson.dumps(body)
+    except TypeError:  # a lone surrogate, an int past 64 bits: the stdlib escapes them
+        data = json.dumps(body).encode()
+    return http.Response.make(status, data, {"content-type": "application/json"})
 
 
 def error_response(api: str, status: int, message: str, kind: str | None = None) -> http.Response:

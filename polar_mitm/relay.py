@@ -100,10 +100,10 @@ class StreamRelay:
             return await self._serve(call, request)
         except Exception as e:  # a bug here must still end in the provider's error and a record
             log.exception("polar: call %s: stream relay failed", call.call_id)
-            return self._error(call, ProviderError(500, f"polar: internal error ({type(e).__name__})", "api_error"))
+            return await self._error(call, ProviderError(500, f"polar: internal error ({type(e).__name__})", "api_error"))
 
-    def _error(self, call: Call, e: ProviderError) -> web.Response:
-        answer = self.dispatch.fail(call, e)  # records the call unless it already was
+    async def _error(self, call: Call, e: ProviderError) -> web.Response:
+        answer = await self.dispatch.fail_async(call, e)  # records the call unless it already was
         return web.Response(status=answer.status_code, body=answer.content, content_type="application/json")
 
     async def _serve(self, call: Call, request: web.Request) -> web.StreamResponse:
@@ -111,13 +111,13 @@ class StreamRelay:
             replica, upstream = await self.dispatch.on_replica(
                 call, lambda replica: replica.client.open_stream(*call.engine_request))
         except ProviderError as e:
-            return self._error(call, e)
+            return await self._error(call, e)
         replica.inflight += 1
         try:
             async with upstream:
                 if upstream.status != 200:
                     replica.served += 1
-                    return self._error(call, engine_refused(upstream.status, engine_json(await upstream.read())))
+                    return await self._error(call, engine_refused(upstream.status, engine_json(await upstream.read())))
                 self.dispatch.engines.pool.answered(replica)
                 response = await self._relay(call, replica, upstream, request)
         finally:

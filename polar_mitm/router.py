@@ -34,6 +34,7 @@ from polar_mitm.relay import StreamRelay
 from polar_mitm.replicas import Engines
 from polar_mitm.session_cache import SessionCache
 from polar_mitm.sessions import redis_url_of, watch_ended
+from polar_traj.captures import loads_line
 
 log = logging.getLogger(__name__)
 # A JSON escape of a UTF-16 surrogate: only then can the parsed body hold text the tokenizer cannot take.
@@ -152,9 +153,13 @@ class Router:
         opts = ctx.options
         redis_url = redis_url_of(opts.polar_sessions)
         if redis_url:
-            watch_ended(redis_url, lambda task_id, session_id: self.histories.drop((task_id, session_id)))
+            watch_ended(redis_url, self._session_ended)
         await self.engines.start(redis_url, opts.polar_session_ttl, opts.polar_engine_probe_interval,
                                  opts.polar_engine_status_interval, self.dispatch.sessions_per_engine)
+
+    def _session_ended(self, task_id: str, session_id: str) -> None:
+        self.histories.drop((task_id, session_id))
+        self.dispatch.capture.forget(task_id, session_id)
 
     async def done(self) -> None:
         await self.relay.stop()
@@ -190,7 +195,7 @@ class Router:
             else:
                 flow.response = await self.dispatch.complete(call)
         except ProviderError as e:
-            flow.response = self.dispatch.fail(call, e)
+            flow.response = await self.dispatch.fail_async(call, e)
         except CaptureError as e:
             flow.response = error_response(route.api, 500, f"polar: {e}")
 
@@ -201,7 +206,7 @@ class Router:
         body: Any = {}
         if not get:
             try:
-                body = json.loads(raw)
+                body = loads_line(raw)  # orjson; the stdlib for what it refuses (lone surrogate escapes, NaN)
             except (json.JSONDecodeError, UnicodeDecodeError, ValueError) as e:
                 raise ProviderError(400, f"request body is not valid JSON: {e}") from e
         if not isinstance(body, dict):

@@ -1,7 +1,6 @@
 """A real mitmdump process running Polar's addon, in front of the real reference server."""
 from __future__ import annotations
 
-import json
 import os
 import socket
 import threading
@@ -15,6 +14,7 @@ from polar_mitm.sessions import hashed_id
 
 from polar_mitm import launch
 from polar_mitm.launch import free_port, stop  # noqa: F401  (tests import both from here)
+from polar_traj.capture_reader import read_capture_dicts
 
 
 @dataclass
@@ -37,7 +37,7 @@ class Proxy:
             path = self.process.capture_dir / task / f"{hashed_id(session)}.jsonl"
         if not path.exists():
             return []
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        return list(read_capture_dicts(path))
 
     def proxied_client(self, session: str = "sess", token: str = "tok") -> httpx.Client:
         return httpx.Client(proxy=self.proxy_url(session, token), verify=str(self.process.ca), timeout=60)

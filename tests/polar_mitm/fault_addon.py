@@ -34,17 +34,17 @@ def _patch(name: str) -> None:
             codec.render_response = _boom
         streaming.StreamTranslator.feed = _boom
     elif name in ("capture", "capture_once"):
-        real = capture.append_record
+        real = capture.CaptureWriter.write_many
         state = {"failed": False}
 
-        def append(capture_dir, record):
+        def write_many(self, items):
             # fails the call's own record; lets the error record through (so it can be checked)
-            if record.error is None and not (name == "capture_once" and state["failed"]):
+            if any(r.error is None for r, _ in items) and not (name == "capture_once" and state["failed"]):
                 state["failed"] = True
                 raise InjectedFault("disk on fire")
-            return real(capture_dir, record)
+            return real(self, items)
 
-        capture.append_record = append
+        capture.CaptureWriter.write_many = write_many
     elif name:
         raise ValueError(f"unknown fault {name!r}")
 

@@ -3,12 +3,12 @@ provider's 500 (or the stream's error event), an error record is written, and no
 checked with listeners bound as the provider hostnames (a private /etc/hosts) and as the reverse target."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
 from polar_mitm.launch import stop
+from polar_traj.capture_reader import read_capture_dicts
 from tests.polar_mitm.conftest import needs_root, start_proxy
 from tests.polar_mitm.provider_requests import APIS, is_provider_error, provider_request, send, stream_error
 
@@ -21,8 +21,7 @@ def fault_proxy(tmp_path, reference_server, model_dir, hosts, fault: str):
 
 
 def records_of(proxy) -> list[dict]:
-    return [json.loads(line) for f in sorted(proxy.capture_dir.glob("*/*.jsonl"))
-            for line in f.read_text().splitlines() if line.strip()]
+    return [r for f in sorted(proxy.capture_dir.glob("*/*.jsonl")) for r in read_capture_dicts(f)]
 
 
 # Steps before the session is known fail with no record; every later step leaves an error record.

@@ -204,3 +204,17 @@ def test_a_vouched_extension_is_written_the_same_and_a_false_one_is_not_trusted(
     liar = make_record(ids + [5] * 10, [9, 99], call_id="liar", parent_call_id="c3")
     writer.write(liar, extends=len(ids))  # the seam check catches it: the ids are compared in full
     assert list(read_capture(vouched))[-1] == liar
+
+
+def test_a_writer_with_a_memory_bound_forgets_the_least_recent_sessions(tmp_path):
+    from polar_traj.records import CallRecord
+
+    writer = CaptureWriter(tmp_path, max_bytes=200_000)
+    big = {"messages": [{"role": "user", "content": "x" * 50_000}]}
+    for n in range(10):
+        writer.write(CallRecord(f"c{n}", "t", f"s{n}", "openai_chat", "m", False, 0.0, 1.0, 1.0, None,
+                                tuple(range(100)), (1, 2), (-0.1, -0.2), "stop", "rendered:first_call", None,
+                                big, None))
+        assert writer._bytes <= 200_000 + 60_000  # at most the newest session past the bound
+    assert len(writer._sessions) < 10 and ("t", "s9") in writer._sessions
+    assert [list(read_capture(tmp_path / "t" / f"s{n}.jsonl"))[0].request for n in range(10)] == [big] * 10

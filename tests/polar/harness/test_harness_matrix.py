@@ -23,6 +23,7 @@ from polar.run.session import EngineConfig, RunConfig, RunResult, run_session
 from polar.run.services import start_proxy
 from polar_traj import read as read_trajectories
 from polar_traj.messages import conversation_messages
+from polar_traj.capture_reader import read_capture_dicts
 from tests.prompt_oracle import assert_prompt_faithful
 
 pytestmark = pytest.mark.slow
@@ -58,7 +59,7 @@ def one_run(spec: AdapterSpec, via: str, out: Path, backend: str, model: Path, p
     cfg = RunConfig(spec, INSTRUCTION, out, way_in=via, timeout_s=300, task_id="matrix")
     result = run_session(cfg, EngineConfig(model, backend=backend), proxy)
     wall = time.monotonic() - start
-    records = [json.loads(line) for f in result.files for line in Path(f).read_text().splitlines() if line]
+    records = [r for f in result.files for r in read_capture_dicts(f)]
     replays = [(r, replay(backend, r)) for r in records if r["error"] is None]
     return MatrixRun(spec, via, result, records, replays, wall)
 

@@ -28,6 +28,7 @@ from polar.run.sample import SampleConfig, SampleResult, run_sample
 from polar.run.services import start_proxy
 from polar.tasks.spec import EvaluatorSpec, load_tasks
 from polar_traj import read as read_trajectories
+from polar_traj.capture_reader import read_capture_dicts
 from tests.polar.sandbox.test_apptainer import apptainer_bin, demo_image
 from tests.prompt_oracle import assert_prompt_faithful
 
@@ -99,8 +100,8 @@ def test_fixed_bug_scores_one(fixed, tokenizer, task_id: str, harness: str) -> N
     assert meta["task"]["repo"] == task_id.removeprefix("fix-") and meta["task"]["exit_code"] == 0
     assert any(r["num_calls"] >= 2 for r in table)  # the tool call and the answer, merged
     for path in result.capture_files:
-        for line in Path(path).read_text().splitlines():
-            assert_prompt_faithful(json.loads(line), tokenizer)
+        for record in read_capture_dicts(path):
+            assert_prompt_faithful(record, tokenizer)
 
 
 @pytest.mark.slow
