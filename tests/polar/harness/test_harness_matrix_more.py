@@ -37,11 +37,11 @@ DONE = {"content": "Done."}
 # adapter -> (the way in of its one run, {agent: (calls in its chain, how its last call ends)}). A CLI's agent
 # is None (its requests name none; its loop is the calls that offer its shell tool); a framework's are named.
 RUNS: dict[str, tuple[str, dict[str | None, tuple[int, dict[str, Any]]]]] = {
-    "kilo": ("base_url", {None: (2, DONE)}),  # slowest first: a 26k-token prompt
-    "cline": ("https_proxy", {None: (2, DONE)}),
-    "nanocoder": ("base_url", {None: (2, DONE)}),
+    "kilo": ("base_url", {None: (2, DONE)}),  # slowest first: a 26k-token prompt; then light and long in turn
     "continue": ("https_proxy", {None: (2, DONE)}),
+    "cline": ("https_proxy", {None: (2, DONE)}),
     "grok-cli": ("base_url", {None: (2, DONE)}),
+    "nanocoder": ("base_url", {None: (2, DONE)}),
     "openai-agents": ("base_url", {"triage": (1, {"tool": "transfer_to_coder", "arguments": {}}),
                                    "coder": (2, DONE)}),
     "langgraph": ("base_url", {"coder": (2, DONE), "reviewer": (1, {"content": "Approved."})}),
@@ -51,7 +51,7 @@ RUNS: dict[str, tuple[str, dict[str | None, tuple[int, dict[str, Any]]]]] = {
 FRAMEWORKS = ("openai-agents", "langgraph", "smolagents")
 # files a harness itself writes into the workspace besides the task's (both hard-wired to the working directory)
 OWN_FILES = {"nanocoder": [".nanocoder/tasks.json"], "grok-cli": [".grok/settings.json"]}
-WORKERS = 3
+WORKERS = 2  # kilo's 26k-token prefill starves a third stream on a loaded 2-core machine (engine chunk timeout)
 
 
 def run_one(spec: AdapterSpec, via: str, out: Path, backend: str, model: Path, proxy) -> MatrixRun:
