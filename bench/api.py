@@ -6,8 +6,10 @@ ratio, from one run. Real Redis, reference server, worker node (2 run slots) and
     .venv/bin/python bench/api.py [--samples 40]
 
 A warm-up batch of 2 samples runs first, so neither path pays the node's first sandbox and harness start. The
-issue asks for 200 samples; on this 2-core machine that is about half an hour per path, past `make bench`'s
-limit of 900 s per bench, so the default is 40 (`--samples 200` by hand).
+issue asks for 200 samples; on this 2-core machine that is about 12 minutes per path, past `make bench`'s
+limit of 900 s per bench, so the default is 40 (`--samples 200` by hand). Measured once with 200: Redis
+717.8 s, HTTP 758.5 s submit to trajectories in hand, ratio 1.057 (on a machine shared with other work: most of
+the gap is the samples' own time, which the two paths share; the API adds a request per submit and per poll).
 """
 from __future__ import annotations
 

@@ -47,10 +47,11 @@ class HttpClient:
         return answer
 
     def submit(self, tasks: str | Path, group_size: int = 4, min_groups: int | None = None,
-               adapter: str | None = None, max_staleness: int | None = None,
-               sampling: dict[str, Any] | None = None, callback_url: str | None = None,
-               out: Any = None, batch_id: Any = None) -> "HttpBatch":
-        """As the Redis client's submit; `out` and `batch_id` are the service's to choose and are ignored."""
+               adapter: str | None = None, out: Any = None, max_staleness: int | None = None,
+               batch_id: Any = None, sampling: dict[str, Any] | None = None,
+               callback_url: str | None = None) -> "HttpBatch":
+        """As the Redis client's submit (same argument order); `out` and `batch_id` are the service's to choose
+        and are ignored; `callback_url` gets the batch's signed callbacks (docs/api.md)."""
         from polar.tasks.spec import load_tasks
 
         specs = load_tasks(Path(tasks))

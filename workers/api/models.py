@@ -111,6 +111,7 @@ class Submission:
     sampling: dict[str, Any] | None = None
     callback_url: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # recorded with the batch (GET shows it), not enforced
+    size_field: str = "group_size"  # the body's field a too-large batch is blamed on
 
     @property
     def samples(self) -> int:
@@ -176,4 +177,5 @@ def from_task_request(body: TaskRequest, root: Path) -> Submission:
     extra = {"runtime": body.runtime, "dispatch_priority": body.dispatch_priority,
              "early_stop_min_usable_sessions": body.early_stop_min_usable_sessions,
              "trajectory_strategy": "prefix_merge"}
-    return Submission([task], body.num_samples, body.agent.harness, callback_url=body.callback_url, extra=extra)
+    return Submission([task], body.num_samples, body.agent.harness, callback_url=body.callback_url, extra=extra,
+                      size_field="num_samples")

@@ -45,26 +45,27 @@ class Service:
 
     def submit(self, sub: Submission) -> dict[str, Any]:
         if sub.samples > self.config.max_samples:
-            raise BadRequest("num_samples" if "dispatch_priority" in sub.extra else "group_size",
-                             f"{sub.samples} samples in one batch; this service takes at most "
-                             f"{self.config.max_samples} (polar api --max-samples)")
+            raise BadRequest(sub.size_field, f"{sub.samples} samples in one batch; this service takes at most "
+                                             f"{self.config.max_samples} (polar api --max-samples)")
         batch_id = new_batch_id()
         folder = self.config.out / batch_id
         folder.mkdir(parents=True)
         tasks_file = folder / "tasks.jsonl"
         tasks_file.write_text("".join(json.dumps(t) + "\n" for t in sub.tasks))
         secret = secrets.token_hex(32)
-        try:
-            self.client.submit(tasks_file, sub.group_size, sub.min_groups, sub.adapter, self.config.out,
-                               sub.max_staleness, batch_id, sub.sampling)
-        except ValueError as e:
-            tasks_file.unlink()
-            folder.rmdir() if not any(folder.iterdir()) else None
-            raise BadRequest(_field_of(str(e)), _problem_of(str(e))) from e
-        # Written after the batch exists; a sample cannot finish before this (each takes a sandbox start).
+        # Before the batch exists, so the finisher knows where to call back whenever its first sample ends.
         self.r.hset(API_PREFIX + batch_id, mapping={"secret": secret, "callback_url": sub.callback_url or "",
                                                     "extra": json.dumps(sub.extra)})
         self.r.expire(API_PREFIX + batch_id, batches.TTL_S)
+        try:
+            self.client.submit(tasks_file, sub.group_size, sub.min_groups, sub.adapter, self.config.out,
+                               sub.max_staleness, batch_id, sub.sampling)
+        except ValueError as e:  # nothing was queued: leave nothing behind
+            self.r.delete(API_PREFIX + batch_id)
+            tasks_file.unlink()
+            if not any(folder.iterdir()):
+                folder.rmdir()
+            raise BadRequest(_field_of(str(e)), _problem_of(str(e))) from e
         return {"id": batch_id, "batch_id": batch_id, "samples": sub.samples, "secret": secret,
                 "status": batches.RUNNING}
 

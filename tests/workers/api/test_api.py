@@ -254,6 +254,9 @@ def test_auth_bad_input_and_a_refusing_callback(api: Api):
                                             "tasks": None, "metadata": {"pad": "y" * (2 << 20)}})
         assert answer.status_code == 413, answer.text
         assert c.get("/rollout/task/no-such-batch").status_code == 404
+        many = [{"task_id": f"t{k}", **COIN} for k in range(5)]  # 5 x 999 samples: past --max-samples (4096)
+        answer = c.post("/api/tasks", json={"harness": "pi", "group_size": 999, "tasks": many})
+        assert answer.status_code == 422 and answer.json()["field"] == "group_size", answer.text
         assert c.get("/events", params={"after": "yesterday"}).json()["field"] == "after"
     refused = f"http://127.0.0.1:{free_port()}/nobody"  # nothing listens there
     batch_id = api.short(1, task_id="refused", callback_url=refused)["batch_id"]
