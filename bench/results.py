@@ -21,6 +21,7 @@ sys.path.insert(0, str(BENCH))
 
 import captures  # noqa: E402
 import peers  # noqa: E402
+import proxy_perf  # noqa: E402
 import traj  # noqa: E402
 
 NOTES = {
@@ -28,6 +29,9 @@ NOTES = {
              "and streaming time to first token, all against a zero-compute stub engine (bench/peers.py).",
     "captures": "Bytes per session, format 1 vs the linear form, against the floor of every distinct thing "
                 "once (bench/captures.py, docs/captures.md).",
+    "proxy_perf": "The proxy-performance table of issue 30: Polar beside bare mitmdump in one run (tiny and "
+                  "realistic 75 KB bodies, a 100-turn session, streaming), zero-compute stub engine "
+                  "(bench/proxy_perf.py).",
     "traj": "Trajectory build from captures: `before` is polar_traj as of the baseline commit, `f1` this "
             "checkout on the same format-1 files, `linear` this checkout on the same sessions in the linear "
             "form (bench/traj.py).",
@@ -54,6 +58,12 @@ def bench_peers(tmp: Path) -> object:
     return json.loads(raw.read_text())
 
 
+def bench_proxy_perf(tmp: Path) -> object:
+    raw = tmp / "proxy_perf.json"
+    run_text([str(BENCH / "proxy_perf.py"), "--json", str(raw)], 900)
+    return json.loads(raw.read_text())
+
+
 def bench_text(name: str):
     def run(_: Path) -> object:
         return {"stdout": run_text([str(BENCH / f"{name}.py")], 900)}
@@ -67,6 +77,7 @@ def text_table(data: dict) -> list[str]:
 # name -> (run it: raw results, render the raw results as markdown lines); any other bench/*.py runs as text
 BENCHES = {
     "peers": (bench_peers, peers.table),
+    "proxy_perf": (bench_proxy_perf, proxy_perf.table),
     "captures": (lambda _: run_json([str(BENCH / "captures.py"), "--json"], 900), captures.table),
     "traj": (lambda _: run_json([str(BENCH / "traj.py"), "--json"], 1800), traj.table),
 }

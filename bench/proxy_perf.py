@@ -1,0 +1,201 @@
+"""The proxy-performance table of issue 30, measured in one run beside bare mitmdump (loopback namespace, the
+zero-compute stub engine of bench/stub_engine.py; LiteLLM's rows come from bench/peers.py when installed):
+
+  tiny body       CPU per non-streamed call (c1, c8) and calls/s at c8: bare mitmdump vs Polar
+  streaming       time to the first content token, engine at 20 ms/token: direct vs Polar
+  realistic body  a synthetic qwen-code-like first call (~75 KB of JSON: a long system prompt and 24 tool
+                  schemas; no recorded one is in fixtures/), sent as the first call of fresh sessions:
+                  Polar CPU per call (the shared prefix comes from the cache after the first), bare's for
+                  the same bodies, and capture bytes per first call
+  growing session the same body then 100 turns (reply + a 1.5 KB tool result each): Polar CPU per call at
+                  turns 96-100 vs turn 1 and vs bare forwarding the same bodies; capture bytes ÷ the floor
+                  (bench/captures.py: distinct ids + logprobs + last request + replies)
+
+    .venv/bin/python bench/proxy_perf.py [--quick] [--json OUT.json]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import sys
+import tempfile
+import time
+from contextlib import ExitStack
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import aiohttp  # noqa: E402
+
+from bench.captures import floor_bytes  # noqa: E402
+from bench.peers import (MODEL, REPLY, STREAM_TOKENS, TOKEN_DELAY_MS, chat_body, first_token_ms, in_namespace,  # noqa: E402
+                         machine, measure, proc_tree_cpu_ms, reply_ids, service)
+from polar_mitm.launch import free_port, proxy_process  # noqa: E402
+from polar_mitm.sessions import hashed_id  # noqa: E402
+from polar_traj.capture_reader import read_capture  # noqa: E402
+
+CHAT = "/v1/chat/completions"
+
+
+def realistic_body(user: str, seed: int = 7) -> dict:
+    """A first call shaped like qwen-code's: ~75 KB of JSON, a long system prompt and 24 tool schemas."""
+    rnd = random.Random(seed)
+    words = ("the file path command output agent tool shell read write edit search pattern directory project "
+             "user must should never always when before after test build run error result line").split()
+
+    def para(n: int) -> str:
+        return " ".join(rnd.choice(words) for _ in range(n)) + "."
+
+    system = "You are Qwen Code, an interactive CLI agent for software engineering tasks.\n\n" + "\n\n".join(
+        f"## Rule {i}\n" + para(60) for i in range(80))
+    tools = [{"type": "function", "function": {
+        "name": f"tool_{i}", "description": para(80),
+        "parameters": {"type": "object", "required": ["arg_0"], "properties": {
+            f"arg_{j}": {"type": rnd.choice(["string", "integer", "boolean"]), "description": para(25)}
+            for j in range(6)}}}} for i in range(24)]
+    return {"model": "tiny", "stream": False, "max_tokens": 8, "temperature": 0, "tools": tools,
+            "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}]}
+
+
+async def send_all(url: str, calls: list[tuple[str, bytes]]) -> list[dict]:
+    """Each (key, body) in order, one at a time; the replies."""
+    out = []
+    async with aiohttp.ClientSession() as http:
+        for key, body in calls:
+            headers = {"authorization": f"Bearer {key}", "content-type": "application/json"}
+            async with http.post(url, data=body, headers=headers) as r:
+                if r.status != 200:
+                    raise RuntimeError(f"{url}: {r.status} {(await r.text())[:300]}")
+                out.append(await r.json())
+    return out
+
+
+def cpu_ms(pid: int, url: str, calls: list[tuple[str, bytes]]) -> float:
+    """CPU of the proxy's processes per call over these calls."""
+    before = proc_tree_cpu_ms(pid)
+    asyncio.run(send_all(url, calls))
+    return (proc_tree_cpu_ms(pid) - before) / len(calls)
+
+
+def first_calls(n: int) -> list[tuple[str, bytes]]:
+    return [(f"first-{i}", json.dumps(realistic_body(f"Task {i}: fix the failing test in tests/test_{i}.py")).encode())
+            for i in range(n)]
+
+
+def growing(turns: int) -> list[tuple[str, bytes]]:
+    body = realistic_body("Fix the failing test in tests/test_parser.py")
+    calls = []
+    for turn in range(turns):
+        calls.append(("grow", json.dumps(body).encode()))
+        body = {**body, "messages": body["messages"] + [
+            {"role": "assistant", "content": REPLY},
+            {"role": "user", "content": f"tool output {turn}:\n" + "src/parser.py:12: ok\n" * 70}]}
+    return calls
+
+
+def window(pid: int, url: str, calls: list[tuple[str, bytes]], first: int, last: int) -> float:
+    """Send calls[:last] in order; the CPU per call of calls[first:last] (calls are ~ms: a window of 5)."""
+    asyncio.run(send_all(url, calls[:first]))
+    return cpu_ms(pid, url, calls[first:last])
+
+
+def run(sizes: dict) -> dict:
+    res: dict = {"machine": machine(), "token_delay_ms": TOKEN_DELAY_MS, "rows": [], "ttft_ms": {}, "sizes": sizes}
+    turns, n_first = sizes["turns"], sizes["first"]
+    grow = growing(turns)
+    with tempfile.TemporaryDirectory(prefix="polar-perf-") as tmp_s, ExitStack() as stack:
+        tmp = Path(tmp_s)
+        stub_port = free_port()
+        stub_cmd = [sys.executable, str(ROOT / "bench" / "stub_engine.py"), "--port", str(stub_port),
+                    "--reply-ids", ",".join(map(str, reply_ids())), "--reply-text", REPLY,
+                    "--token-delay-ms", str(TOKEN_DELAY_MS)]
+        stack.enter_context(service(stub_cmd, stub_port, tmp / "stub.log"))
+        engine = f"http://127.0.0.1:{stub_port}"
+        stream_body = chat_body(True, STREAM_TOKENS)
+        res["ttft_ms"]["direct"] = asyncio.run(first_token_ms(engine + CHAT, stream_body, sizes["ttft"]))
+
+        bare_port = free_port()
+        bare_cmd = [str(Path(sys.executable).parent / "mitmdump"), "-q", "--mode",
+                    f"reverse:{engine}@127.0.0.1:{bare_port}", "--set", f"confdir={tmp / 'bare-mitm'}"]
+        with service(bare_cmd, bare_port, tmp / "bare.log") as pid:
+            url = f"http://127.0.0.1:{bare_port}{CHAT}"
+            res["rows"].append(measure("bare", url, pid, sizes))
+            res["bare_first_cpu_ms"] = cpu_ms(pid, url, first_calls(n_first))
+            res["bare_turn_cpu_ms"] = window(pid, url, grow, turns - 5, turns)
+
+        # the tiny model says 4096 tokens of context; a 30k-token prompt needs a larger one
+        with proxy_process(tmp / "polar", engine, MODEL, "--set", "polar_context_length=262144") as proxy:
+            url = proxy.base_url + CHAT
+            res["rows"].append(measure("polar", url, proxy.pid, sizes))
+            res["ttft_ms"]["polar"] = asyncio.run(first_token_ms(url, stream_body, sizes["ttft"]))
+            calls = first_calls(n_first + 1)
+            asyncio.run(send_all(url, calls[:1]))  # the first session ever: its prefix enters the cache
+            res["polar_first_cpu_ms"] = cpu_ms(proxy.pid, url, calls[1:])
+            local = proxy.capture_dir / "local"
+            res["polar_first_capture_bytes"] = statistics.median(
+                (local / f"{hashed_id(key)}.jsonl").stat().st_size for key, _ in calls[1:])
+            res["polar_turn1_cpu_ms"] = cpu_ms(proxy.pid, url, grow[:1])
+            res["polar_turn_cpu_ms"] = window(proxy.pid, url, grow[1:], turns - 6, turns - 1)
+            grown = local / f"{hashed_id('grow')}.jsonl"
+            records = list(read_capture(grown))
+            floor = floor_bytes(records)["floor"]
+            res["grow"] = {"calls": len(records), "bytes": grown.stat().st_size, "floor": floor,
+                           "substituted": sum(r.prefix_source == "substituted" for r in records),
+                           "final_prompt_tokens": len(records[-1].prompt_ids)}
+    return res
+
+
+def table(res: dict) -> list[str]:
+    rows = {r["path"]: r for r in res["rows"]}
+    bare, polar = rows["bare"], rows["polar"]
+    g = res["grow"]
+    r = [("proxy CPU per non-streamed call ÷ bare mitmdump, tiny body, c1 / c8",
+          f"{polar['c1']['cpu_ms_per_call'] / bare['c1']['cpu_ms_per_call']:.2f}× / "
+          f"{polar['c8']['cpu_ms_per_call'] / bare['c8']['cpu_ms_per_call']:.2f}× "
+          f"(Polar {polar['c1']['cpu_ms_per_call']:.2f} / {polar['c8']['cpu_ms_per_call']:.2f} ms, "
+          f"bare {bare['c1']['cpu_ms_per_call']:.2f} / {bare['c8']['cpu_ms_per_call']:.2f} ms)", "≤ 1.3×"),
+         ("first call of a session, realistic body (75 KB, synthetic): proxy CPU per call",
+          f"{res['polar_first_cpu_ms']:.1f} ms (bare {res['bare_first_cpu_ms']:.1f} ms)", "≤ 10 ms"),
+         ("later calls of such a session (history substituted, turns 96-100) ÷ bare forwarding the same body",
+          f"{res['polar_turn_cpu_ms'] / res['bare_turn_cpu_ms']:.2f}× (Polar {res['polar_turn_cpu_ms']:.1f} ms, "
+          f"bare {res['bare_turn_cpu_ms']:.1f} ms)", "≤ 3×"),
+         ("capture bytes per first call of such a session", f"{res['polar_first_capture_bytes'] / 1e3:.0f} KB",
+          "≤ 20 KB"),
+         ("calls/s on one proxy process at c8", f"{polar['c8']['calls_per_s']:.0f} (bare {bare['c8']['calls_per_s']:.0f})",
+          "≥ 650"),
+         ("streaming first token, proxy − direct, engine 20 ms/token",
+          f"{res['ttft_ms']['polar'] - res['ttft_ms']['direct']:+.1f} ms", "≤ +3 ms"),
+         (f"capture bytes of a {g['calls']}-call growing session ÷ floor",
+          f"{g['bytes'] / g['floor']:.2f}× ({g['bytes'] / 1e6:.2f} MB, floor {g['floor'] / 1e6:.2f} MB)", "≤ 1.2×"),
+         (f"proxy CPU per call at turn {g['calls'] - 4}-{g['calls']} ÷ turn 1 of a growing "
+          f"{g['final_prompt_tokens'] // 1000}k-token conversation",
+          f"{res['polar_turn_cpu_ms'] / max(res['polar_turn1_cpu_ms'], 1e-9):.2f} (turn 1 {res['polar_turn1_cpu_ms']:.1f} ms)",
+          "≤ 1.5")]
+    out = ["| measure | measured | target |", "|---|---|---|"]
+    out += [f"| {a} | {b} | {c} |" for a, b, c in r]
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="a few calls per phase (a smoke run)")
+    ap.add_argument("--json", type=Path, help="also write the raw results here")
+    args = ap.parse_args()
+    in_namespace()
+    sizes = ({"warm": 16, "c1": 20, "c8_s": 1.0, "ttft": 2, "first": 4, "turns": 20} if args.quick
+             else {"warm": 100, "c1": 300, "c8_s": 5.0, "ttft": 10, "first": 20, "turns": 100})
+    started = time.perf_counter()
+    res = run(sizes)
+    print("\n".join(table(res)))
+    print(f"(load average {res['machine']['load_1min']:.1f} at the start; {time.perf_counter() - started:.0f} s)")
+    if args.json:
+        args.json.write_text(json.dumps(res, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
