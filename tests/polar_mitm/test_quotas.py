@@ -76,7 +76,10 @@ def test_a_sessions_huge_bodies_do_not_stall_another_sessions_calls(proxy_of):
     for s in senders:
         s.join()
     print(f"A's calls: quiet worst {max(quiet) * 1000:.0f} ms, beside B's 19 MiB bodies worst {max(busy) * 1000:.0f} ms")
-    assert max(busy) < 1.0  # was 30 s: the body was tokenized in full on the proxy's one event loop
+    # was 30 s: the body was tokenized in full on the proxy's one event loop (0.2 s now, quiet machine); the
+    # bound is far from both, so a loaded machine does not fail it and a stall cannot pass it (bench/proxy.py
+    # measures the ratio)
+    assert max(busy) < 5.0
     assert [r.status_code for r in answers] == [400, 400]
     assert all(r.json()["error"]["code"] == "context_length_exceeded" for r in answers)
     records = proxy.records("b")
