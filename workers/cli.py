@@ -23,6 +23,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", type=Path, default=Path(os.environ.get("POLAR_OUTPUT_ROOT", "runs/batches")),
                    help="output root on storage every node sees (the batch gets OUT/<batch_id>)")
     p.add_argument("--max-staleness", type=int, help="mark trajectories whose calls span more weight versions")
+    p.add_argument("--strategy", choices=["prefix_merge", "per_request"], default="prefix_merge",
+                   help="trajectories per sample: one row per append-only chain (prefix_merge) or per LLM call")
     p.add_argument("--wait", action="store_true", help="show progress until the batch finishes, then a summary")
     p.add_argument("--timeout", type=float, help="with --wait: give up after this many seconds")
     p.add_argument("--max-masked", type=int, default=0,
@@ -119,7 +121,7 @@ def submit(args: argparse.Namespace) -> int:
     try:
         client = _client(args)
         batch = client.submit(args.tasks, args.group_size, args.min_groups, args.adapter, args.out,
-                              args.max_staleness, sampling=sampling)
+                              args.max_staleness, sampling=sampling, strategy=args.strategy)
     except (ValueError, OSError, KeyError) as e:
         print(f"polar submit: {e}", file=sys.stderr)
         return 2

@@ -71,10 +71,12 @@ class PolarClient:
 
     def submit(self, tasks: str | Path, group_size: int = 4, min_groups: int | None = None,
                adapter: str | None = None, out: str | Path = "runs/batches", max_staleness: int | None = None,
-               batch_id: str | None = None, sampling: dict[str, Any] | None = None) -> "Batch":
+               batch_id: str | None = None, sampling: dict[str, Any] | None = None,
+               strategy: str = "prefix_merge") -> "Batch":
         """Queue `group_size` samples of every task in the tasks file (YAML or JSONL, polar.tasks.spec).
         `sampling`: some of temperature, top_p, top_k, max_tokens, seed, used for every LLM call of the batch
-        whatever the agent's requests ask for (polar_mitm/sampling.py)."""
+        whatever the agent's requests ask for (polar_mitm/sampling.py). `strategy`: prefix_merge (one row per
+        append-only chain) or per_request (one row per LLM call)."""
         from polar.harness.adapters import load_adapter
         from polar.tasks.spec import load_tasks
 
@@ -86,7 +88,7 @@ class PolarClient:
             load_adapter(name)
         bid = batch_id or new_batch_id()
         manifest = plan(bid, Path(out).resolve() / bid, tasks_file, [t.task_id for t in specs], group_size,
-                        adapter, min_groups, max_staleness, sampling)
+                        adapter, min_groups, max_staleness, sampling, strategy)
         path = str(write_manifest(manifest))
         batches.create(self.redis, bid, path, [s.sample_id for s in manifest.samples], group_size,
                        len(manifest.groups), min_groups)

@@ -23,6 +23,7 @@ from typing import Any
 from polar_mitm.sampling import parse_sampling, sampling_dict
 from polar_traj import atomic
 from polar_traj.records import check_id
+from polar_traj.schema import STRATEGIES
 
 MAX_GROUP_ID = 120  # + ".<k>" stays within the 128 characters of an id
 
@@ -46,6 +47,7 @@ class Manifest:
     max_staleness: int | None = None
     created: float = field(default_factory=time.time)
     sampling: dict[str, Any] | None = None  # fixed for every LLM call of the batch (polar_mitm/sampling.py)
+    strategy: str = "prefix_merge"  # how each sample's trajectories are built: prefix_merge | per_request
 
     @property
     def groups(self) -> list[str]:
@@ -78,7 +80,7 @@ def _fit(text: str, limit: int) -> str:
 
 def plan(batch_id: str, batch_dir: Path, tasks_file: Path, task_ids: list[str], group_size: int,
          adapter: str | None = None, min_groups: int | None = None, max_staleness: int | None = None,
-         sampling: dict[str, Any] | None = None) -> Manifest:
+         sampling: dict[str, Any] | None = None, strategy: str = "prefix_merge") -> Manifest:
     """Every sample of the batch: `group_size` per task, ids `<batch>.<task>.<k>` (contract 1). `sampling`: values
     every LLM call of the batch is sampled with (raises ValueError naming a bad one)."""
     check_id(batch_id, "batch_id")
@@ -93,13 +95,15 @@ def plan(batch_id: str, batch_dir: Path, tasks_file: Path, task_ids: list[str], 
         raise ValueError(f"min_groups {min_groups}: expected 1-{len(task_ids)} (the number of tasks)")
     if max_staleness is not None and max_staleness < 0:
         raise ValueError(f"max_staleness {max_staleness}: expected 0 or more")
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy {strategy!r}: expected one of {', '.join(STRATEGIES)}")
     sampling = sampling_dict(parse_sampling(sampling))
     samples = []
     for task_id in task_ids:
         group = check_id(_fit(f"{batch_id}.{check_id(task_id, 'task_id')}", MAX_GROUP_ID), "group_id")
         samples += [SampleEntry(f"{group}.{k}", task_id, group) for k in range(group_size)]
     return Manifest(batch_id, batch_dir, tasks_file, group_size, tuple(samples), adapter, min_groups, max_staleness,
-                    sampling=sampling)
+                    sampling=sampling, strategy=strategy)
 
 
 def write_manifest(manifest: Manifest) -> Path:

@@ -75,7 +75,7 @@ def sample_config(manifest: Manifest, sample_id: str, settings: WorkerSettings, 
         raise ValueError(f"task {task.task_id}: no adapter (give one in the task or with --adapter)")
     return SampleConfig(task=task, adapter=load_adapter(adapter), out=out, sample_id=sample_id,
                         group_id=entry.group_id, runtime=settings.runtime, way_in=settings.way_in,
-                        sampling=manifest.sampling)
+                        sampling=manifest.sampling, strategy=manifest.strategy)
 
 
 SUPERSEDED = ("superseded by a new attempt (its worker was lost)", "worker_lost")

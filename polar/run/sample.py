@@ -63,6 +63,7 @@ class SampleConfig:
     confdir: Path = DEFAULT_CONFDIR  # CA dir of a proxy started by run_sample
     tools_bin: tuple[Path, ...] = (TOOLS_BIN, HARNESS_BIN)  # as polar run; Apptainer binds only .tools/npm
     sampling: dict[str, Any] | None = None  # fixed for every LLM call (polar_mitm/sampling.py); None: the request's
+    strategy: str = "prefix_merge"  # trajectories: prefix_merge | per_request (polar_traj.build)
 
 
 @dataclass
@@ -119,7 +120,7 @@ def prepare_sample(cfg: SampleConfig, engine: EngineConfig, proxy: ProxyHandle) 
                      "policy": str(engine.policy) if engine.policy else None}
     state = SampleState(cfg.sample_id, cfg.group_id, out, cfg.task, cfg.adapter.name, cfg.adapter.source,
                         cfg.way_in, cfg.runtime, engine_record, proxy, shared, temporary, socket.gethostname(),
-                        time.time())
+                        time.time(), strategy=cfg.strategy)
     try:
         _prepare(cfg, proxy, state)
     except Exception as e:  # noqa: BLE001 - any failure here is the sample's infrastructure failing
@@ -229,7 +230,7 @@ def postrun_sample(sample_dir: Path) -> SampleResult:
              "metadata": {**state.task.metadata, "sample_id": state.sample_id, "task_id": state.task.task_id,
                           "exit_code": state.exit_code, "runtime": state.runtime, "tampered": state.tampered,
                           **_named_rewards(state)}}
-    parquet, build_error = _build(out, files, entry)
+    parquet, build_error = _build(out, files, entry, state.strategy)
     if build_error and failure is None:
         status, failure, reason = "error", "infrastructure", build_error
     elif build_error:  # the outcome stands; say why its rows are missing
@@ -307,11 +308,11 @@ def _captures(state: SampleState) -> list[Path]:
     return capture_files(state.proxy, False, state.session, state.out)
 
 
-def _build(out: Path, files: list[Path], entry: dict[str, Any]) -> tuple[Path | None, str | None]:
+def _build(out: Path, files: list[Path], entry: dict[str, Any], strategy: str) -> tuple[Path | None, str | None]:
     if not files:
         return None, None
     target = out / "trajectories.parquet"
-    built, error = build_trajectories(files, target, [entry])
+    built, error = build_trajectories(files, target, [entry], strategy=strategy)
     return (target, None) if built is not None else (None, error)
 
 

@@ -59,6 +59,7 @@ class SampleState:
     timings: dict[str, float] = field(default_factory=dict)
     cleaned: dict[str, bool] = field(default_factory=dict)  # session, sandbox: done by cleanup
     cleanup_errors: list[str] = field(default_factory=list)
+    strategy: str = "prefix_merge"  # how postrun builds the trajectories (SampleConfig.strategy)
 
     @property
     def mounts(self) -> Mounts:

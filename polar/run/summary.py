@@ -170,8 +170,8 @@ def summarize(files: list[Path], parquet: Path, harness: str, status: str, reaso
 
 
 def build_trajectories(files: list[Path], parquet: Path, entries: list[dict[str, Any]],
-                       whole_dir: bool = False) -> tuple[Any, str | None]:
-    """prefix_merge trajectories of the capture files' sessions (or, with whole_dir, of every session in their
+                       whole_dir: bool = False, strategy: str = "prefix_merge") -> tuple[Any, str | None]:
+    """Trajectories (prefix_merge, or per_request) of the capture files' sessions (or, with whole_dir, of every session in their
     folder's capture root), with these outcome entries, into `parquet`: (BuildResult, None), or (None, why)."""
     from polar_traj.build import BuildConfig
     from polar_traj.outcomes import parse_outcomes
@@ -180,6 +180,6 @@ def build_trajectories(files: list[Path], parquet: Path, entries: list[dict[str,
     root = files[0].parents[1]  # <captures>/<task_id>/<session>.jsonl
     selection = Selection(root) if whole_dir else Selection(root, files[0].parent.name, files[0].stem)
     try:
-        return build_parquet(selection, parquet, BuildConfig(strategy="prefix_merge"), parse_outcomes(entries)), None
+        return build_parquet(selection, parquet, BuildConfig(strategy=strategy), parse_outcomes(entries)), None
     except (OSError, ValueError) as e:
         return None, f"trajectories not built: {e}"

@@ -254,6 +254,28 @@ def test_cancel_stops_running_and_queued(cluster: Cluster):
     assert not batch.cancel()  # already finished
 
 
+def test_per_request_batch_has_a_row_per_call(cluster: Cluster):
+    """strategy per_request (a trainer that wants one row per LLM call): four calls of "Count to three" give four
+    rows, each the call's own prompt and sampled tokens, with the group's advantages as prefix_merge rows get."""
+    batch = cluster.submit(("count-pr", "count"), group_size=2, strategy="per_request")
+    try:
+        p = batch.wait(timeout=600)
+    except TimeoutError:
+        pytest.fail(cluster.diagnose(batch))
+    assert (p.status, p.done) == ("completed", 2), cluster.diagnose(batch)
+    df = batch.trajectories()
+    assert set(df.strategy) == {"per_request"} and set(df.num_calls) == {1}
+    for sample in batch.manifest.samples:
+        rows = df[df.session_id == sample.sample_id]
+        calls = sample_records(cluster, sample.sample_id)
+        assert len(rows) == len(calls) == 4
+        by_call = {r["call_id"]: r for r in calls}
+        for row in rows.itertuples():
+            (call_id,) = row.call_ids
+            assert list(row.prompt_ids) == by_call[call_id]["prompt_ids"]
+            assert list(row.response_ids) == by_call[call_id]["output_ids"]
+
+
 def test_early_stop_after_min_groups(cluster: Cluster):
     batch = cluster.submit(("coin-x", "coin"), ("long-y", "long"), group_size=2, min_groups=1)
     try:

@@ -49,7 +49,7 @@ class HttpClient:
     def submit(self, tasks: str | Path, group_size: int = 4, min_groups: int | None = None,
                adapter: str | None = None, out: Any = None, max_staleness: int | None = None,
                batch_id: Any = None, sampling: dict[str, Any] | None = None,
-               callback_url: str | None = None) -> "HttpBatch":
+               callback_url: str | None = None, strategy: str = "prefix_merge") -> "HttpBatch":
         """As the Redis client's submit (same argument order); `out` and `batch_id` are the service's to choose
         and are ignored; `callback_url` gets the batch's signed callbacks (docs/api.md)."""
         from polar.tasks.spec import load_tasks
@@ -60,6 +60,7 @@ class HttpClient:
             raise ValueError(f"{tasks}: over HTTP one batch has one harness: give adapter= (tasks name {names})")
         body = {"harness": names.pop(), "group_size": group_size, "min_groups": min_groups,
                 "max_staleness": max_staleness, "sampling": sampling, "callback_url": callback_url,
+                "trajectory_strategy": strategy,
                 "tasks": [_task_fields(t) for t in specs]}
         data = self.request("POST", "/api/tasks", json={k: v for k, v in body.items() if v is not None}).json()
         return HttpBatch(self, data["batch_id"], data.get("secret"))

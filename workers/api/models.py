@@ -110,6 +110,7 @@ class Submission:
     max_staleness: int | None = None
     sampling: dict[str, Any] | None = None
     callback_url: str | None = None
+    strategy: str = "prefix_merge"  # polar_traj's name
     extra: dict[str, Any] = field(default_factory=dict)  # recorded with the batch (GET shows it), not enforced
     size_field: str = "group_size"  # the body's field a too-large batch is blamed on
 
@@ -118,10 +119,9 @@ class Submission:
         return self.group_size * len(self.tasks)
 
 
-def _strategy(value: str, name: str) -> None:
-    if value == "per_request":
-        raise BadRequest(name, "per_request is not built by the workers (they write prefix_merge trajectories); "
-                               "rebuild from the batch's captures with `polar traj build --strategy per_request`")
+def _strategy(value: str) -> str:
+    """Polar's rollout-server name (prefix_merging) or polar_traj's (prefix_merge, per_request) -> polar_traj's."""
+    return "prefix_merge" if value == "prefix_merging" else value
 
 
 def _image(image: str | None, runtime: str | None) -> str | None:
@@ -143,7 +143,6 @@ def _entry(fields: dict[str, Any], root: Path) -> dict[str, Any]:
 
 
 def from_short(body: ShortTask, root: Path) -> Submission:
-    _strategy(body.trajectory_strategy, "trajectory_strategy")
     single = {k: getattr(body, k) for k in ("task_id", "instruction", "evaluator", "workspace", "image", "timeout_s",
                                             "metadata", "tests", "protected")}
     if body.tasks is not None:
@@ -158,12 +157,12 @@ def from_short(body: ShortTask, root: Path) -> Submission:
     if not raw:
         raise BadRequest("tasks", "no tasks")
     tasks = [_entry({**t, "image": _image(t.get("image"), body.runtime)}, root) for t in raw]
+    strategy = _strategy(body.trajectory_strategy)
     return Submission(tasks, body.group_size, body.harness, body.min_groups, body.max_staleness, body.sampling,
-                      body.callback_url, {"runtime": body.runtime, "trajectory_strategy": "prefix_merge"})
+                      body.callback_url, strategy, {"runtime": body.runtime, "trajectory_strategy": strategy})
 
 
 def from_task_request(body: TaskRequest, root: Path) -> Submission:
-    _strategy(body.builder.strategy, "builder.strategy")
     if body.agent.env:
         raise BadRequest("agent.env", "not supported: a harness's environment comes from its adapter "
                                       "(adapters/*.yaml)")
@@ -176,6 +175,6 @@ def from_task_request(body: TaskRequest, root: Path) -> Submission:
                    "timeout_s": body.timeout_seconds, "metadata": metadata or None}, root)
     extra = {"runtime": body.runtime, "dispatch_priority": body.dispatch_priority,
              "early_stop_min_usable_sessions": body.early_stop_min_usable_sessions,
-             "trajectory_strategy": "prefix_merge"}
-    return Submission([task], body.num_samples, body.agent.harness, callback_url=body.callback_url, extra=extra,
-                      size_field="num_samples")
+             "trajectory_strategy": _strategy(body.builder.strategy)}
+    return Submission([task], body.num_samples, body.agent.harness, callback_url=body.callback_url,
+                      strategy=_strategy(body.builder.strategy), extra=extra, size_field="num_samples")

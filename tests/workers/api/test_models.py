@@ -20,6 +20,7 @@ def test_task_request_maps_onto_a_batch(tmp_path: Path):
                        callback_url="http://127.0.0.1:9/cb", metadata={"k": 1})
     sub = from_task_request(body, tmp_path)
     assert (sub.group_size, sub.adapter, sub.callback_url, sub.samples) == (3, "pi", "http://127.0.0.1:9/cb", 3)
+    assert sub.strategy == "prefix_merge"  # Polar's rollout server's prefix_merging
     assert sub.tasks == [{"task_id": "t1", "instruction": "Fix it.", "evaluator": EVALUATOR,
                           "workspace": str(tmp_path / "repo"), "image": "host", "timeout_s": 90,
                           "metadata": {"k": 1, "model_name": "m"}}]
@@ -29,11 +30,6 @@ def test_refusals_name_the_field(tmp_path: Path):
     with pytest.raises(ValidationError) as e:
         TaskRequest(task_id="t", instruction="x", agent={"harness": "pi"}, evaluator=EVALUATOR, num_sample=2)
     assert e.value.errors()[0]["loc"] == ("num_sample",)
-    per_request = TaskRequest(task_id="t", instruction="x", agent={"harness": "pi"}, evaluator=EVALUATOR,
-                              builder={"strategy": "per_request"})
-    with pytest.raises(BadRequest) as b:
-        from_task_request(per_request, tmp_path)
-    assert b.value.field == "builder.strategy"
     env = TaskRequest(task_id="t", instruction="x", agent={"harness": "pi", "env": {"A": "1"}}, evaluator=EVALUATOR)
     with pytest.raises(BadRequest, match="agent.env"):
         from_task_request(env, tmp_path)
@@ -49,6 +45,12 @@ def test_short_form_with_tasks(tmp_path: Path):
                      tasks=[{"task_id": "a", "instruction": "x", "evaluator": EVALUATOR, "image": "/img.sif"},
                             {"task_id": "b", "instruction": "y", "evaluator": EVALUATOR, "image": "/img.sif"}])
     sub = from_short(body, tmp_path)
+    assert sub.strategy == "prefix_merge"
+    per_request = TaskRequest(task_id="t", instruction="x", agent={"harness": "pi"}, evaluator=EVALUATOR,
+                              builder={"strategy": "per_request"})
+    assert from_task_request(per_request, tmp_path).strategy == "per_request"
+    assert from_short(ShortTask(harness="pi", trajectory_strategy="per_request", **body.tasks[0].model_dump(
+        exclude_none=True)), tmp_path).strategy == "per_request"
     assert sub.samples == 4 and [t["task_id"] for t in sub.tasks] == ["a", "b"] and sub.adapter == "codex"
 
 
