@@ -103,6 +103,9 @@ CASES = [
     Case("worker-engine-unknown", (), ("POLAR_ENGINE", "tgi"), program=WORKER, env={"POLAR_ENGINE": "tgi"}),
     Case("worker-status-interval-bad", (), ("POLAR_STATUS_S", "often"), program=WORKER,
          env={"POLAR_STATUS_S": "often"}),
+    Case("worker-proxies-bad", (), ("POLAR_PROXIES", "0"), program=WORKER, env={"POLAR_PROXIES": "0"}),
+    Case("worker-proxies-with-proxy", (), ("POLAR_PROXIES", "POLAR_PROXY"), program=WORKER,
+         env={"POLAR_PROXIES": "2", "POLAR_PROXY": "http://127.0.0.1:9,http://127.0.0.1:9,/tmp"}),
     # others
     Case("report-missing", ("report", "{tmp}/nowhere"), ("{tmp}/nowhere",)),
     Case("serve-model-missing", ("serve", "--model", "{tmp}/nomodel", "--port", str(dead_port())),

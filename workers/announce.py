@@ -47,16 +47,19 @@ def engine_states(spec: str, timeout_s: float = 2.0) -> list[str]:
     return [f"{url} {engine_state(url, timeout_s)}" for url in parse_backends(spec)]
 
 
-def startup_line(settings: WorkerSettings, proxy: ProxyHandle, queues: Sequence[str], log_path: Path | None) -> str:
+def startup_line(settings: WorkerSettings, proxies: Sequence[ProxyHandle], queues: Sequence[str],
+                 logs: Sequence[Path | None]) -> str:
     try:
         runtime = resolve_runtime(settings.runtime)
     except (ValueError, RuntimeError) as e:  # shown, not raised: the node may still serve tasks with an image
         runtime = f"{settings.runtime} ({e})"
     else:
         runtime = runtime if settings.runtime == runtime else f"{settings.runtime} -> {runtime}"
-    return (f"polar node {settings.node}: up; queues {', '.join(queues)}; "
-            f"proxy {proxy.host}:{proxy.proxy_port} (HTTPS_PROXY) and :{proxy.base_url_port} (base URL), "
-            f"log {log_path or '(the running polar proxy logs where it was started)'}, captures {proxy.capture_dir}; "
+    described = "; ".join(
+        f"proxy {p.host}:{p.proxy_port} (HTTPS_PROXY) and :{p.base_url_port} (base URL), "
+        f"log {log or '(the running polar proxy logs where it was started)'}, captures {p.capture_dir}"
+        for p, log in zip(proxies, logs))
+    return (f"polar node {settings.node}: up; queues {', '.join(queues)}; {described}; "
             f"engines ({settings.engine}): {'; '.join(engine_states(settings.engine_url))}; "
             f"model {settings.model_dir}; runtime {runtime}; output {settings.output_root}")
 

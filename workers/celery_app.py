@@ -59,8 +59,9 @@ def _start_node(**_: object) -> None:
     from polar_mitm.cli import engine_model_mismatch
     from workers.announce import say, startup_line
 
-    proxy = node.start(settings)
-    say(startup_line(settings, proxy, [q.name for q in app.conf.task_queues], node.log_path(settings)))
+    proxies = node.start(settings)
+    say(startup_line(settings, proxies, [q.name for q in app.conf.task_queues],
+                     [node.log_path(settings, k) for k in range(len(proxies))]))
     if (mismatch := engine_model_mismatch(settings.engine_url, settings.model_dir)) is not None:
         say(f"polar node {settings.node}: warning: {mismatch}")
     messages = steps.Messages(app)

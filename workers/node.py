@@ -1,25 +1,31 @@
-"""This node's proxy: one per node (history substitution is per proxy process), started when the worker starts
-with sessions and the fence in Redis, or a running `polar proxy` named by POLAR_PROXY. Pool processes fork
-from the worker's main process after it started, so they inherit the handle."""
+"""This node's proxies: one by default, POLAR_PROXIES=K when one process is not enough (history substitution is
+per proxy process, so each sample keeps to one of them: for_sample), started when the worker starts with sessions
+and the fence in Redis, or a running `polar proxy` named by POLAR_PROXY. Pool processes fork from the worker's
+main process after it started, so they inherit the handles."""
 from __future__ import annotations
 
 import contextlib
+import zlib
 from pathlib import Path
 
 from polar.run.services import ProxyHandle, running_proxy, start_proxy
 from workers.settings import WorkerSettings
 
 _stack = contextlib.ExitStack()
-_proxy: ProxyHandle | None = None
+_proxies: list[ProxyHandle] = []
 
 
 def node_dir(settings: WorkerSettings) -> Path:
     return settings.output_root / "nodes" / settings.node
 
 
-def log_path(settings: WorkerSettings) -> Path | None:
-    """The node proxy's log; None for a running `polar proxy` (POLAR_PROXY), which logs where it was started."""
-    return None if settings.proxy else node_dir(settings) / "proxy.log"
+def _suffix(k: int) -> str:
+    return "" if k == 0 else f"-{k}"  # the first proxy keeps the one-proxy names
+
+
+def log_path(settings: WorkerSettings, k: int = 0) -> Path | None:
+    """Proxy k's log; None for a running `polar proxy` (POLAR_PROXY), which logs where it was started."""
+    return None if settings.proxy else node_dir(settings) / f"proxy{_suffix(k)}.log"
 
 
 def reused_proxy(spec: str, sessions: str) -> ProxyHandle:
@@ -31,27 +37,35 @@ def reused_proxy(spec: str, sessions: str) -> ProxyHandle:
     return running_proxy(fields[0], fields[1], Path(fields[2]), ca, sessions, ("POLAR_PROXY",) * 3)
 
 
-def start(settings: WorkerSettings) -> ProxyHandle:
-    """Start (or adopt) the node's proxy; idempotent within a process."""
-    global _proxy
-    if _proxy is None:
+def start(settings: WorkerSettings) -> list[ProxyHandle]:
+    """Start (or adopt) the node's proxies, POLAR_PROXIES of them; idempotent within a process. One after the
+    other: the first makes the CA the others then load from the same confdir."""
+    if not _proxies:
         if settings.proxy:
-            _proxy = reused_proxy(settings.proxy, settings.sessions)
-        else:
-            base = node_dir(settings)
-            _proxy = _stack.enter_context(start_proxy(
-                settings.model_dir, settings.engine_url, base / "captures", settings.confdir, log_path(settings),
-                sessions=settings.sessions, engine=settings.engine))
-    return _proxy
+            _proxies.append(reused_proxy(settings.proxy, settings.sessions))
+        base = node_dir(settings)
+        for k in range(len(_proxies), settings.proxies):
+            _proxies.append(_stack.enter_context(start_proxy(
+                settings.model_dir, settings.engine_url, base / f"captures{_suffix(k)}", settings.confdir,
+                log_path(settings, k), sessions=settings.sessions, engine=settings.engine)))
+    return list(_proxies)
+
+
+def for_sample(sample_id: str) -> ProxyHandle:
+    """The proxy a sample's calls go through: always the same one for a sample id, so every stage and attempt of
+    it on this node meets the process that holds its session's history."""
+    if not _proxies:
+        raise RuntimeError("this worker's proxy is not running (workers.node.start runs at worker start)")
+    return _proxies[zlib.crc32(sample_id.encode()) % len(_proxies)]
 
 
 def current() -> ProxyHandle:
-    if _proxy is None:
+    """The node's first proxy."""
+    if not _proxies:
         raise RuntimeError("this worker's proxy is not running (workers.node.start runs at worker start)")
-    return _proxy
+    return _proxies[0]
 
 
 def stop() -> None:
-    global _proxy
     _stack.close()
-    _proxy = None
+    _proxies.clear()

@@ -12,6 +12,7 @@
   POLAR_OUTPUT_ROOT   batch folders (shared storage)       runs/batches
   POLAR_NODE          this node's name (its queues)        the host name
   POLAR_PROXY         reuse a running `polar proxy`: http://HOST:PORT,http://HOST:PORT,CAPTURE_DIR[,CA]
+  POLAR_PROXIES       proxy processes on this node (each sample keeps to one)   1
   POLAR_WAY_IN        https_proxy | base_url               https_proxy
   POLAR_INFRA_RETRIES samples retried after an infrastructure failure   2
   POLAR_CONFDIR       the node proxy's CA folder           ~/.polar/mitmproxy
@@ -38,6 +39,7 @@ DEFAULT_BROKER = "redis://127.0.0.1:6379/1"
 # Sending a message rides out a Redis restart (about a minute) instead of failing.
 PUBLISH_RETRY = {"max_retries": 60, "interval_start": 0.2, "interval_step": 0.5, "interval_max": 2.0}
 
+MAX_PROXIES = 16
 
 @dataclass(frozen=True)
 class WorkerSettings:
@@ -57,6 +59,7 @@ class WorkerSettings:
     liveness_s: float = 30.0
     drain_s: float = 300.0
     status_s: float = 60.0
+    proxies: int = 1
 
 
 def seconds(env: Mapping[str, str], name: str, default: float, zero: bool = False) -> float:
@@ -117,6 +120,12 @@ def load_settings(env: Mapping[str, str] | None = None) -> WorkerSettings:
     retries = env.get("POLAR_INFRA_RETRIES", "2")
     if not retries.isdigit():
         raise ValueError(f"POLAR_INFRA_RETRIES {retries!r}: expected a whole number")
+    proxies = env.get("POLAR_PROXIES", "1")
+    if not (proxies.isdigit() and 1 <= int(proxies) <= MAX_PROXIES):
+        raise ValueError(f"POLAR_PROXIES {proxies!r}: expected 1-{MAX_PROXIES} proxy processes")
+    if int(proxies) > 1 and env.get("POLAR_PROXY"):
+        raise ValueError("POLAR_PROXIES > 1 starts the node's own proxies; POLAR_PROXY names one running proxy: "
+                         "give one or the other")
     heartbeat_s, liveness_s = seconds(env, "POLAR_HEARTBEAT_S", 5.0), seconds(env, "POLAR_LIVENESS_S", 30.0)
     if liveness_s < 2 * heartbeat_s:  # one late beat must not make a node lost
         raise ValueError(f"POLAR_LIVENESS_S {liveness_s:g}: expected at least twice POLAR_HEARTBEAT_S ({heartbeat_s:g})")
@@ -137,4 +146,5 @@ def load_settings(env: Mapping[str, str] | None = None) -> WorkerSettings:
         liveness_s=liveness_s,
         drain_s=seconds(env, "POLAR_DRAIN_S", 300.0),
         status_s=seconds(env, "POLAR_STATUS_S", 60.0, zero=True),
+        proxies=int(proxies),
     )

@@ -276,6 +276,41 @@ def test_per_request_batch_has_a_row_per_call(cluster: Cluster):
             assert list(row.response_ids) == by_call[call_id]["output_ids"]
 
 
+def test_a_node_with_two_proxies_keeps_each_sample_on_one(cluster: Cluster):
+    """POLAR_PROXIES=2: the node starts two proxies and sends each sample's calls through the one its id picks
+    (workers.node.for_sample), so every session is whole in one proxy's capture and its later calls are
+    substituted from that process's history. n1 and n2 are drained meanwhile, so the batch runs on n3."""
+    import zlib
+
+    n3 = wait_ready(spawn_node(node_env(cluster.broker, cluster.sessions, cluster.log.url, cluster.model,
+                                        cluster.root, "n3", runtime="auto", POLAR_PROXIES="2"), concurrency=2))
+    try:
+        for name in ("n1", "n2"):
+            cluster.client.drain(name, 600)
+        wait_for(lambda: {n.node: n.state for n in cluster.client.nodes()}.get("n2") == "draining"
+                 and {n.node: n.state for n in cluster.client.nodes()}.get("n1") == "draining", 30, "n1, n2 draining")
+        up = next(line for line in n3.log.read_text().splitlines() if line.startswith("polar node n3: up;"))
+        assert up.count("(HTTPS_PROXY)") == 2 and "nodes/n3/captures-1" in up
+        batch = cluster.submit(("count-k2", "count"), group_size=4)
+        try:
+            p = batch.wait(timeout=600)
+        except TimeoutError:
+            pytest.fail(cluster.diagnose(batch))
+        assert (p.status, p.done, set(p.nodes)) == ("completed", 4, {"n3"}), cluster.diagnose(batch)
+        dirs = [cluster.root / "nodes" / "n3" / d for d in ("captures", "captures-1")]
+        for sample in batch.manifest.samples:
+            found = [records(d, f"*{sample.sample_id}*") for d in dirs]
+            mine = zlib.crc32(sample.sample_id.encode()) % 2
+            assert len(found[mine]) == 4 and not found[1 - mine]  # all four calls in its own proxy's capture
+            assert [r["prefix_source"] for r in found[mine]][1:] == ["substituted"] * 3
+    finally:
+        for name in ("n1", "n2"):
+            cluster.client.undrain(name)
+        n3.stop()
+        wait_for(lambda: all(n.state == "alive" for n in cluster.client.nodes() if n.node in ("n1", "n2")), 30,
+                 "n1, n2 alive again")
+
+
 def test_early_stop_after_min_groups(cluster: Cluster):
     batch = cluster.submit(("coin-x", "coin"), ("long-y", "long"), group_size=2, min_groups=1)
     try:
