@@ -272,8 +272,9 @@ def test_per_request_batch_has_a_row_per_call(cluster: Cluster):
         by_call = {r["call_id"]: r for r in calls}
         for row in rows.itertuples():
             (call_id,) = row.call_ids
-            assert list(row.prompt_ids) == by_call[call_id]["prompt_ids"]
-            assert list(row.response_ids) == by_call[call_id]["output_ids"]
+            assert list(row.prompt_ids) == list(by_call[call_id]["prompt_ids"])
+            assert list(row.response_ids) == list(by_call[call_id]["output_ids"])
+            assert row.weight == 1.0 and row.advantage == 0.0  # both samples scored 1: a group of equals
 
 
 def test_a_node_with_two_proxies_keeps_each_sample_on_one(cluster: Cluster):
