@@ -111,16 +111,17 @@ async def spread(urls: list[str], clients: int, seconds: float) -> float:
     return sum(len(lat) for lat in done) / seconds
 
 
-def scaling(tmp: Path, engine: str, sizes: dict) -> dict[int, float]:
-    """Calls/s per node with K = 1, 2, 4 proxy processes (what POLAR_PROXIES starts), the same 16 clients."""
+def scaling(tmp: Path, engine: str, sizes: dict) -> dict[str, float]:
+    """Calls/s per node with K = 1, 2, 4 proxy processes (what POLAR_PROXIES starts), the same 16 clients;
+    keyed by K as text, as the results come back from JSON."""
     out = {}
     for k in (1, 2, 4):
         with ExitStack() as stack:
             urls = [stack.enter_context(proxy_process(tmp / f"k{k}-{i}", engine, MODEL)).base_url + CHAT
                     for i in range(k)]
             asyncio.run(spread(urls, 16, 1.0))  # warm: each proxy's first calls load its tokenizer caches
-            out[k] = asyncio.run(spread(urls, 16, sizes["c8_s"]))
-            print(f"  {k} proxies: {out[k]:.0f} calls/s", flush=True)
+            out[str(k)] = asyncio.run(spread(urls, 16, sizes["c8_s"]))
+            print(f"  {k} proxies: {out[str(k)]:.0f} calls/s", flush=True)
     return out
 
 
@@ -198,8 +199,8 @@ def table(res: dict) -> list[str]:
           f"{res['polar_turn_cpu_ms'] / max(res['polar_turn1_cpu_ms'], 1e-9):.2f} (turn 1 {res['polar_turn1_cpu_ms']:.1f} ms)",
           "≤ 1.5"),
          ("calls/s per node with 1, 2, 4 proxy processes (zero-compute engine, 16 clients)",
-          " / ".join(f"{res['scaling'][k]:.0f}" for k in (1, 2, 4)) +
-          f" ({res['scaling'][2] / res['scaling'][1]:.2f}× and {res['scaling'][4] / res['scaling'][1]:.2f}× "
+          " / ".join(f"{res['scaling'][k]:.0f}" for k in ("1", "2", "4")) +
+          f" ({res['scaling']['2'] / res['scaling']['1']:.2f}× and {res['scaling']['4'] / res['scaling']['1']:.2f}× "
           f"on {res['machine']['cores']} cores)", "near-linear to the core count")]
     out = ["| measure | measured | target |", "|---|---|---|"]
     out += [f"| {a} | {b} | {c} |" for a, b, c in r]
