@@ -65,33 +65,57 @@ def tokenizer_problem(path: str | Path) -> str | None:
     return f"{p} has no tokenizer.json, tokenizer_config.json or .gguf file"
 
 
-def engine_model_mismatch(backend: str, tokenizer: str | Path, timeout_s: float = 2.0) -> str | None:
-    """A warning when the first engine names its model (SGLang /get_model_info, vLLM /v1/models) and the name is
-    not the tokenizer directory's; None when they agree or the engine does not say. Never an error: a served
-    alias may differ from the directory's name legitimately."""
+def served_models(url: str, timeout_s: float = 2.0) -> list[str]:
+    """The model names (directory names) an engine reports: SGLang's /get_model_info, else vLLM's /v1/models;
+    [] when it answers without naming one. OSError (the last route's) when neither route answers."""
     import json
     import urllib.request
 
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never through the user's HTTP_PROXY
+    answered, last = False, None
+    for route, pick in (("/get_model_info", lambda d: [d.get("model_path")]),
+                        ("/v1/models", lambda d: [m.get("root") or m.get("id") for m in d.get("data", [])])):
+        try:
+            with opener.open(url.rstrip("/") + route, timeout=timeout_s) as reply:
+                body = reply.read(1 << 20)
+        except Exception as e:  # noqa: BLE001 - a route that does not answer is tried no further
+            last = e
+            continue
+        answered = True
+        try:
+            names = [Path(str(n)).name for n in pick(json.loads(body)) if n]
+        except Exception:  # noqa: BLE001 - an answer that names nothing
+            continue
+        if names:
+            return names
+    if answered:
+        return []
+    raise OSError(" ".join(str(getattr(last, "reason", last)).split())[:120])
+
+
+def model_mismatch(url: str, names: list[str], tokenizer: str | Path) -> str | None:
+    """The warning when an engine's reported model names are not the tokenizer directory's; None when they agree
+    or the engine names none."""
+    path = Path(tokenizer).expanduser().resolve()
+    want = (path.parent if path.suffix == ".gguf" else path).name
+    if not names or want.lower() in (n.lower() for n in names):
+        return None
+    return (f"the engine at {url} serves {names[0]!r} but the tokenizer is {str(path)!r}: if these are "
+            "different models, every recorded token id is wrong")
+
+
+def engine_model_mismatch(backend: str, tokenizer: str | Path, timeout_s: float = 2.0) -> str | None:
+    """A warning when the first engine names its model and the name is not the tokenizer directory's; None when
+    they agree or the engine does not say. Never an error: a served alias may differ from the directory's name
+    legitimately."""
     try:
         url = parse_backends(backend)[0].rstrip("/")
     except ValueError as e:
         raise ValueError(f"--backend {backend!r}: {e}") from e
-    path = Path(tokenizer).expanduser().resolve()
-    want = (path.parent if path.suffix == ".gguf" else path).name
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never through the user's HTTP_PROXY
-    for route, pick in (("/get_model_info", lambda d: [d.get("model_path")]),
-                        ("/v1/models", lambda d: [m.get("root") or m.get("id") for m in d.get("data", [])])):
-        try:
-            with opener.open(url + route, timeout=timeout_s) as reply:
-                names = [Path(str(n)).name for n in pick(json.load(reply)) if n]
-        except Exception:  # noqa: BLE001 - an engine that does not say is not an error
-            continue
-        if names:
-            if want.lower() in (n.lower() for n in names):
-                return None
-            return (f"the engine at {url} serves {names[0]!r} but the tokenizer is {str(path)!r}: if these are "
-                    "different models, every recorded token id is wrong")
-    return None
+    try:
+        return model_mismatch(url, served_models(url, timeout_s), tokenizer)
+    except OSError:  # an engine that does not answer is not this warning's business
+        return None
 
 
 def proxy_modes(host: str, proxy_port: int, base_url_port: int, backend: str) -> list[str]:

@@ -3,14 +3,13 @@ status line every POLAR_STATUS_S, written to the worker's own stderr (Celery sho
 and a node whose proxy or engine is wrong should say so before its first sample fails)."""
 from __future__ import annotations
 
-import json
 import sys
-import urllib.request
 from pathlib import Path
 from typing import Sequence
 
 from polar.run.services import ProxyHandle
 from polar.sandbox.runtime import resolve_runtime
+from polar_mitm.cli import model_mismatch, served_models
 from polar_mitm.engines import parse_backends
 from workers.settings import WorkerSettings
 
@@ -21,34 +20,24 @@ def say(line: str) -> None:
     print(line, file=stream, flush=True)
 
 
-def engine_state(url: str, timeout_s: float = 2.0) -> str:
-    """`up (model NAME)`, `up`, or `down (why)`: the model name from SGLang's /get_model_info or /v1/models."""
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never through the user's HTTP_PROXY
-    why = "no answer"
-    for route in ("/get_model_info", "/v1/models", "/health"):
+def engine_lines(settings: WorkerSettings, timeout_s: float = 2.0) -> tuple[list[str], list[str]]:
+    """Each replica's state (`URL up (model NAME)`, `URL up`, `URL down (why)`), probed once, and the warnings of
+    replicas naming another model than the node's tokenizer."""
+    states, warnings = [], []
+    for url in parse_backends(settings.engine_url):
         try:
-            with opener.open(url.rstrip("/") + route, timeout=timeout_s) as reply:
-                body = reply.read(1 << 20)
-        except Exception as e:  # noqa: BLE001 - any failure is the state we report
-            why = " ".join(str(getattr(e, "reason", e)).split())[:120]
+            names = served_models(url, timeout_s)
+        except OSError as e:
+            states.append(f"{url} down ({e})")
             continue
-        try:
-            data = json.loads(body)
-        except ValueError:
-            return "up"
-        names = [data.get("model_path")] if isinstance(data, dict) and "model_path" in data else \
-            [m.get("root") or m.get("id") for m in data.get("data", [])] if isinstance(data, dict) else []
-        names = [Path(str(n)).name for n in names if n]
-        return f"up (model {names[0]})" if names else "up"
-    return f"down ({why})"
-
-
-def engine_states(spec: str, timeout_s: float = 2.0) -> list[str]:
-    return [f"{url} {engine_state(url, timeout_s)}" for url in parse_backends(spec)]
+        states.append(f"{url} up (model {names[0]})" if names else f"{url} up")
+        if (warning := model_mismatch(url, names, settings.model_dir)) is not None:
+            warnings.append(warning)
+    return states, warnings
 
 
 def startup_line(settings: WorkerSettings, proxies: Sequence[ProxyHandle], queues: Sequence[str],
-                 logs: Sequence[Path | None]) -> str:
+                 logs: Sequence[Path | None], engines: Sequence[str]) -> str:
     try:
         runtime = resolve_runtime(settings.runtime)
     except (ValueError, RuntimeError) as e:  # shown, not raised: the node may still serve tasks with an image
@@ -60,7 +49,7 @@ def startup_line(settings: WorkerSettings, proxies: Sequence[ProxyHandle], queue
         f"log {log or '(the running polar proxy logs where it was started)'}, captures {p.capture_dir}"
         for p, log in zip(proxies, logs))
     return (f"polar node {settings.node}: up; queues {', '.join(queues)}; {described}; "
-            f"engines ({settings.engine}): {'; '.join(engine_states(settings.engine_url))}; "
+            f"engines ({settings.engine}): {'; '.join(engines)}; "
             f"model {settings.model_dir}; runtime {runtime}; output {settings.output_root}")
 
 

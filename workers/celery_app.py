@@ -54,16 +54,15 @@ def _start_node(**_: object) -> None:
     """The proxy, then a first heartbeat: the node is listed alive before it takes any sample."""
     global _heartbeat
     from workers import batches, steps
+    from workers.announce import engine_lines, say, startup_line
     from workers.heartbeat import Heartbeat
 
-    from polar_mitm.cli import engine_model_mismatch
-    from workers.announce import say, startup_line
-
     proxies = node.start(settings)
+    engines, warnings = engine_lines(settings)
     say(startup_line(settings, proxies, [q.name for q in app.conf.task_queues],
-                     [node.log_path(settings, k) for k in range(len(proxies))]))
-    if (mismatch := engine_model_mismatch(settings.engine_url, settings.model_dir)) is not None:
-        say(f"polar node {settings.node}: warning: {mismatch}")
+                     [node.log_path(settings, k) for k in range(len(proxies))], engines))
+    for warning in warnings:
+        say(f"polar node {settings.node}: warning: {warning}")
     messages = steps.Messages(app)
     _heartbeat = Heartbeat(settings, batches.connect(settings.broker), messages.enqueue, messages.revoke)
     _heartbeat.begin()

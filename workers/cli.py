@@ -255,27 +255,22 @@ def list_batches(args: argparse.Namespace) -> int:
     client = _client(args)
     ids = batches.batch_ids(client.redis)
     shown = ids[:args.limit] if args.limit > 0 else ids
-    rows = []
+    rows, lines = [], []
     for batch_id in shown:
         try:
             batch = client.batch(batch_id)
         except (KeyError, ValueError, OSError) as e:  # its folder is gone (or not mounted here)
             rows.append({"batch_id": batch_id, "error": str(e)})
+            lines.append(f"{batch_id}: unreadable: {e}")
             continue
-        created = float(batches.info(client.redis, batch_id).get("created") or 0)
-        rows.append({"batch_id": batch_id, "created": created, "dir": str(batch.dir), **batch.progress().to_dict()})
+        created, p = batch.manifest.created, batch.progress()
+        rows.append({"batch_id": batch_id, "created": created, "dir": str(batch.dir), **p.to_dict()})
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(created)) if created else "?"
+        lines.append(f"{batch_id}  {when}  {p.line()}  {batch.dir}")
     if args.json:
         print(json.dumps(rows))
         return 0
-    if not rows:
-        print("no batches on this broker")
-    for row in rows:
-        if "error" in row:
-            print(f"{row['batch_id']}: unreadable: {row['error']}")
-            continue
-        p = batches.Progress(**{k: v for k, v in row.items() if k not in ("batch_id", "created", "dir")})
-        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(row["created"])) if row["created"] else "?"
-        print(f"{row['batch_id']}  {when}  {p.line()}  {row['dir']}")
+    print("\n".join(lines) or "no batches on this broker")
     if len(ids) > len(shown):
         print(f"... and {len(ids) - len(shown)} older (--limit 0 shows all)")
     return 0
