@@ -46,7 +46,7 @@ class GroupWriter:
 
     def __init__(self, capture_dir: Path, fsync: bool = True) -> None:
         self.writer = CaptureWriter(capture_dir, recent=RECENT, max_sessions=MAX_SESSIONS, fsync=fsync,
-                                    max_bytes=MAX_BYTES)
+                                    max_bytes=MAX_BYTES, shared=True)  # first calls refer to a harness's shared prompt
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="polar-capture", daemon=True)
         self._thread.start()

@@ -3,15 +3,18 @@ once: a linear (format 2) line stores only its new ids; in a format-1 line the p
 starts with the text of a recent line's prompt, and then only the rest of the array is parsed."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections import deque
 from dataclasses import fields
+from pathlib import Path
 from typing import Any, Iterator
 
 
 from .captures import CAPTURE_VERSION, loads_line
 from .records import OPTIONAL_FIELDS, CallRecord
+from .shared_prefix import DIGEST, SHARED_VERSION, shared_path
 
 _FIELDS = tuple(f.name for f in fields(CallRecord))
 _REQUIRED = frozenset(_FIELDS) - OPTIONAL_FIELDS
@@ -20,6 +23,7 @@ _LINEAR = b'{"capture_version"'
 _INT_TEXT = b"0123456789-, \t\r\n"  # what a JSON array of integers holds between its brackets
 _REQUEST_KEY, _RESPONSE_KEY = b'"request":', b'"response":'
 RECENT_TEXTS = 4  # format-1 prompt texts a decoder compares a new line's prompt text against
+MAX_TOKEN_ID = 2**31 - 1
 
 Payload = tuple[dict[str, Any], dict[str, Any] | None]
 
@@ -33,6 +37,7 @@ class CaptureDecoder:
         self.records: dict[str, CallRecord] = {}
         self.payloads: dict[str, Payload] = {}
         self._texts: deque[tuple[bytes, tuple[int, ...]]] = deque(maxlen=RECENT_TEXTS)  # (text less "]", ids)
+        self._shared: dict[str, tuple[tuple[int, ...], dict[str, Any]]] = {}  # digest -> (ids, request), read once
 
     def lines(self, payload: bool = True) -> Iterator[tuple[int, int, dict[str, Any], list[int] | None]]:
         """(byte offset, line number, parsed object, prompt ids parsed from this line) per non-blank line.
@@ -120,28 +125,48 @@ class CaptureDecoder:
             self.payloads.pop(record.call_id, None)
         self._texts = deque(((t, ids) for t, ids in self._texts if ids is not record.prompt_ids), maxlen=RECENT_TEXTS)
 
-    def _ref(self, call_id: str, ref: Any, what: str) -> CallRecord:
+    def _ref(self, call_id: str, ref: Any, what: str) -> tuple[str, tuple[int, ...], tuple[int, ...], dict[str, Any]]:
+        """What a reference names, as (its name in errors, prompt ids, output ids, request): an earlier call
+        of this file, or a shared prefix (exactly one of the two)."""
+        if isinstance(ref, dict) and "shared" in ref:
+            if "call_id" in ref:
+                raise ValueError(f"call {call_id}: {what} names both a call and a shared prefix")
+            ids, request = self._shared_prefix(call_id, ref["shared"], what)
+            return f"shared prefix {ref['shared']}", ids, (), request
         target = self.records.get(ref.get("call_id")) if isinstance(ref, dict) else None
         if target is None:
             name = ref.get("call_id") if isinstance(ref, dict) else ref
             raise ValueError(f"call {call_id}: {what} refers to call {name!r}, "
                              f"which is not on an earlier line of {self.path}")
-        return target
+        request = self.payloads.get(target.call_id, ({}, None))[0]
+        return f"call {target.call_id}", target.prompt_ids, target.output_ids, request
+
+    def _shared_prefix(self, call_id: str, digest: Any, what: str) -> tuple[tuple[int, ...], dict[str, Any]]:
+        found = self._shared.get(digest) if isinstance(digest, str) else None
+        if found is not None:
+            return found
+        if not isinstance(digest, str) or not DIGEST.fullmatch(digest):
+            raise ValueError(f"call {call_id}: {what} names no shared prefix ({digest!r} is not a digest)")
+        path = shared_path(self.path, digest)
+        try:
+            found = self._shared[digest] = read_shared(path, digest)
+        except ValueError as e:
+            raise ValueError(f"call {call_id}: {what} refers to shared prefix {digest!r}, {e}") from e
+        return found
 
     def _prompt(self, call_id: str, prefix: Any, new_ids: Any) -> tuple[int, ...]:
-        ref = self._ref(call_id, prefix, "prompt_prefix")
-        n, head = prefix.get("length"), ref.prompt_ids
-        if type(n) is not int or not 0 <= n <= len(head) + len(ref.output_ids):
+        name, head, tail = self._ref(call_id, prefix, "prompt_prefix")[:3]
+        n = prefix.get("length")
+        if type(n) is not int or not 0 <= n <= len(head) + len(tail):
             raise ValueError(f"call {call_id}: prompt_prefix length {n!r} is not within "
-                             f"call {ref.call_id}'s {len(head) + len(ref.output_ids)} ids")
+                             f"{name}'s {len(head) + len(tail)} ids")
         if type(new_ids) is not list:
             raise ValueError(f"call {call_id}: prompt_ids must be a list")
-        start = head[:n] if n <= len(head) else head + ref.output_ids[: n - len(head)]
+        start = head[:n] if n <= len(head) else head + tail[: n - len(head)]
         return start + tuple(new_ids)
 
     def _request(self, call_id: str, base: Any, stored: Any) -> dict[str, Any]:
-        ref = self._ref(call_id, base, "request_base")
-        old = self.payloads.get(ref.call_id, ({}, None))[0]
+        name, _, _, old = self._ref(call_id, base, "request_base")
         keys, same, extend = base.get("keys"), base.get("same") or [], base.get("extend") or {}
         if type(keys) is not list or type(stored) is not dict:
             raise ValueError(f"call {call_id}: request_base needs a list of keys and a request object")
@@ -155,8 +180,33 @@ class CaptureDecoder:
                 out[key] = stored[key]
             else:
                 raise ValueError(f"call {call_id}: request key {key!r} is neither stored "
-                                 f"nor in call {ref.call_id}'s request")
+                                 f"nor in {name}'s request")
         return out
+
+
+def read_shared(path: Path, digest: str) -> tuple[tuple[int, ...], dict[str, Any]]:
+    """(ids, request) of a shared-prefix file, once its bytes match their digest (its name). ValueError
+    (`which is missing: PATH`, ...) completes a sentence about the reference that named it."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise ValueError(f"which is missing: {path}") from None
+    except OSError as e:
+        raise ValueError(f"which cannot be read: {path} ({e.strerror})") from e
+    if hashlib.blake2b(data, digest_size=16).hexdigest() != digest:
+        raise ValueError(f"whose file does not match its digest (changed or cut): {path}")
+    try:
+        shared = loads_line(data)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"whose file is not JSON ({e}): {path}") from e
+    if not isinstance(shared, dict):
+        shared = {}
+    ids = shared.get("ids")
+    if (shared.get("shared_version") != SHARED_VERSION or type(shared.get("request")) is not dict
+            or type(ids) is not list or not _only(ids, int) or min(ids, default=0) < 0
+            or max(ids, default=0) > MAX_TOKEN_ID):
+        raise ValueError(f"whose file is not a shared prefix of version {SHARED_VERSION}: {path}")
+    return tuple(ids), shared["request"]
 
 
 def _without_request(line: bytes) -> bytes:

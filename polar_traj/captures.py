@@ -7,25 +7,35 @@ A line may carry two references to an earlier line of the same file:
 - `request_base: {call_id, keys, same, extend}`: this call's request has the keys `keys` in that order;
   a key in `same` holds that call's value, a key in `extend` (name -> n) holds the first n items of that
   call's list followed by the items stored here, any other key is stored here.
+A reference may instead name a shared prefix (`{"shared": <digest>, ...}`): a file in `<capture_dir>/_shared/`
+holding the ids and request parts that many sessions' first calls share (the harness's system prompt and tools),
+stored once instead of in every session's first line.
 Lines without `capture_version` are format 1 (every line self-contained) and read unchanged.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from array import array
 from collections import OrderedDict, deque
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Sequence
+from functools import partial
+from typing import Any, Callable, Sequence
 
 import orjson
 
 from .records import CallRecord, record_path
+from .shared_prefix import SHARED_DIR, SHARED_VERSION, write_shared
+from .shared_prefix import copy_capture, shared_files  # noqa: F401 (re-exported: a capture file travels with them)
 
 CAPTURE_VERSION = 2
 MIN_PREFIX = 32  # shorter shared prefixes are stored in full
 RECENT = 4  # records per session a writer compares a new record against
+MIN_SHARED = 1024  # ids a record must share with other sessions' records before a shared prefix is used
+SHARED_ENTRIES = 64  # shared prefixes a writer remembers (the least recently used go first)
+FIRSTS = 8  # records without an own-session prefix a writer compares a new one against, to find new shared prefixes
 _FIELDS = tuple(f.name for f in fields(CallRecord))
 # every ASCII digit becomes "0", anything else " ": then 19 digits in a row (which may pass 2**63) are one
 # substring search, at memchr speed (a regex scan costs ~50 ns a byte: ~4 ms for a 75 KB request)
@@ -59,6 +69,17 @@ class Written:
     tokens: bytes  # prompt_ids + output_ids as native int32 (4 bytes an id: compared with memcmp)
     request: dict[str, Any]
     weight: int = 0  # about the bytes this holds (its ids, its request as JSON), for the writer's memory bound
+
+
+@dataclass(frozen=True)
+class Shared:
+    """A prefix that several sessions' records share, stored once in `<capture_dir>/_shared/<digest>.json`."""
+
+    digest: str  # blake2b (16 bytes) of the file's bytes, in hex: the file's name
+    api: str
+    tokens: bytes  # its ids as int32
+    request: dict[str, Any]  # the request parts those records share
+    weight: int  # about the bytes this holds, for the writer's memory bound
 
 
 def id_bytes(ids: Sequence[int]) -> bytes | None:
@@ -131,18 +152,53 @@ def request_delta(request: dict[str, Any], base: dict[str, Any]) -> tuple[dict[s
     return {"keys": list(request), "same": same, "extend": extend}, stored
 
 
-def encode_record(record: CallRecord, recent: Sequence[Written], prompt: bytes | None = None) -> dict[str, Any]:
+def shared_request(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """What a shared prefix keeps of two requests: the top-level values both hold that are worth referring
+    to (as request_delta takes them) and the common leading items of lists (messages, input, contents)."""
+    out: dict[str, Any] = {}
+    for key, value in a.items():
+        old = b.get(key)
+        if type(value) is list and type(old) is list:
+            n = _common_items(value, old)
+            if n:
+                out[key] = value[:n]
+        elif (type(value) is dict and value or type(value) is str and len(value) >= 64) and value == old:
+            out[key] = value
+    return out
+
+
+def _shared_length(prompt: bytes, tokens: bytes) -> int:
+    """Ids a prompt shares with a shared prefix (or another prompt), or 0 when fewer than MIN_SHARED: the
+    first MIN_SHARED ids are compared alone first, so an unrelated prompt costs a 4 KB compare."""
+    if len(tokens) < 4 * MIN_SHARED or not prompt.startswith(tokens[: 4 * MIN_SHARED]):
+        return 0
+    return len(tokens) // 4 if prompt.startswith(tokens) else common_prefix(prompt, tokens)
+
+
+def encode_record(record: CallRecord, recent: Sequence[Written], prompt: bytes | None = None,
+                  share: Callable[[int], tuple[Shared, int] | None] | None = None) -> dict[str, Any]:
     """The line of one record in the linear form, given the records already written to its file.
-    `prompt`: its prompt_ids as id_bytes (None: the prompt is stored whole)."""
+    `prompt`: its prompt_ids as id_bytes (None: the prompt is stored whole). `share`: given how many ids the
+    file's own lines share with the prompt, a shared prefix and how many of its ids the prompt begins with
+    (or None); it is used when it has more."""
     line: dict[str, Any] = {"capture_version": CAPTURE_VERSION}
     for name in _FIELDS:
         line[name] = getattr(record, name)
     prefix = _prefix_of(prompt, record.parent_call_id, recent) if prompt else None
-    if prefix is not None:
+    shared = share(prefix[1] if prefix else 0) if share is not None and prompt else None
+    if shared is not None and (prefix is None or prefix[1] < shared[1]):
+        entry, n = shared
+        line = _insert_before(line, "prompt_ids", "prompt_prefix", {"shared": entry.digest, "length": n})
+        line["prompt_ids"] = record.prompt_ids[n:]
+        delta = request_delta(record.request, entry.request) if record.request and entry.request else None
+        base = ({"shared": entry.digest, **delta[0]}, delta[1]) if delta else _request_base(record, recent, None)
+    elif prefix is not None:
         ref, n = prefix
         line = _insert_before(line, "prompt_ids", "prompt_prefix", {"call_id": ref.call_id, "length": n})
         line["prompt_ids"] = record.prompt_ids[n:]
-    base = _request_base(record, recent, prefix[0] if prefix else None)
+        base = _request_base(record, recent, ref)
+    else:
+        base = _request_base(record, recent, None)
     if base is not None:
         meta, stored = base
         line = _insert_before(line, "request", "request_base", meta)
@@ -178,14 +234,20 @@ class CaptureWriter:
     """Appends CallRecords to `<capture_dir>/<task_id>/<session_id>.jsonl` in the linear form. Each line is
     flushed (and fsynced) before write() or write_many() returns. It refers only to lines this writer wrote to that file
     (a restarted proxy, or a session it forgot, starts again with a self-contained line) and remembers
-    the last `recent` records of at most `max_sessions` sessions (4 bytes an id, plus their requests)."""
+    the last `recent` records of at most `max_sessions` sessions (4 bytes an id, plus their requests).
+    shared=True: a record that shares fewer than MIN_SHARED ids with its own file's lines may refer to a
+    shared prefix instead (one it wrote, or a new one made of what it shares with another session's record)."""
 
     def __init__(self, capture_dir: str | os.PathLike, recent: int = RECENT, max_sessions: int = 1024,
-                 fsync: bool = True, max_bytes: int | None = None) -> None:
+                 fsync: bool = True, max_bytes: int | None = None, shared: bool = False) -> None:
         self.capture_dir = Path(capture_dir)
         self.recent, self.max_sessions, self.fsync, self.max_bytes = recent, max_sessions, fsync, max_bytes
+        self.shared = shared
         self._sessions: OrderedDict[tuple[str, str], _SessionState] = OrderedDict()
         self._bytes = 0  # the weight of every remembered record (max_bytes: least recent sessions forgotten)
+        self._prefixes: OrderedDict[str, Shared] = OrderedDict()  # shared prefixes written, least recently used first
+        self._firsts: deque[Written] = deque(maxlen=FIRSTS)  # recent records that had no own-file prefix: their prompts
+        self._shared_bytes = 0  # the weight of both (max_bytes: at most a quarter of it once sessions compete)
 
     def write(self, record: CallRecord, extends: int | None = None) -> Path:
         """Append one record; the path of its file. `extends`: the caller vouches that the prompt begins with
@@ -215,9 +277,23 @@ class CaptureWriter:
                 continue
             for i in where:
                 results[i] = path
-        while self.max_bytes is not None and self._bytes > self.max_bytes and len(self._sessions) > 1:
-            self._drop(next(iter(self._sessions)))
+        self._trim()
         return results
+
+    def _trim(self) -> None:
+        """Forget until what is remembered fits max_bytes: the least recent sessions, then (or first, past a
+        quarter of the bound) older first records and the least recently used shared prefixes."""
+        while self.max_bytes is not None and self._bytes + self._shared_bytes > self.max_bytes:
+            if (self._shared_bytes > self.max_bytes // 4 or len(self._sessions) <= 1) and self._shared_bytes:
+                # the newest first record is kept longest: the next session's first call may share with it
+                if len(self._firsts) > 1 or not self._prefixes:
+                    self._shared_bytes -= self._firsts.popleft().weight
+                else:
+                    self._shared_bytes -= self._prefixes.popitem(last=False)[1].weight
+            elif len(self._sessions) > 1:
+                self._drop(next(iter(self._sessions)))
+            else:
+                return
 
     def _append(self, key: tuple[str, str], items: Sequence[tuple[CallRecord, int | None]]) -> Path:
         state = self._state(*key)
@@ -228,9 +304,12 @@ class CaptureWriter:
                 prompt = _vouched(record, extends, state.recent) if extends else None
                 if prompt is None:
                     prompt = id_bytes(record.prompt_ids)
-                line = encode_record(record, state.recent, prompt)
+                share = partial(self._share, record, prompt) if self.shared and prompt is not None else None
+                line = encode_record(record, state.recent, prompt, share)
                 data = dumps_line(line)
                 f.write(data + b"\n")
+                if share is not None:
+                    self._remember_first(record, prompt, line, len(data))
                 output = id_bytes(record.output_ids)
                 if prompt is not None and output is not None:
                     base = line.get("request_base")
@@ -245,6 +324,58 @@ class CaptureWriter:
                 os.fsync(f.fileno())
             state.size = f.tell()
         return state.path
+
+    def _share(self, record: CallRecord, prompt: bytes, own: int) -> tuple[Shared, int] | None:
+        """The shared prefix this record's line should refer to, and how many of its ids it takes (a new one is
+        written first), or None: the record shares `own` >= MIN_SHARED ids with its own file, or too few
+        with other sessions' records."""
+        if own >= MIN_SHARED or len(prompt) < 4 * MIN_SHARED:
+            return None
+        api = record.api
+        # most recent first, and max() keeps the first of equals: sessions 2..N all take the same one
+        known = max(((e, _shared_length(prompt, e.tokens)) for e in reversed(self._prefixes.values()) if e.api == api),
+                    key=lambda x: x[1], default=(None, 0))
+        other = max(((w, _shared_length(prompt, w.tokens)) for w in reversed(self._firsts) if w.api == api),
+                    key=lambda x: x[1], default=(None, 0))
+        k = known[1] if known[1] >= MIN_SHARED else 0
+        # a new file costs its ids once and saves only what it adds for each later session: not for a few
+        # more ids (a task's own text, shared by its group's samples), but when the known one is far shorter
+        if other[1] >= max(MIN_SHARED, 2 * k):
+            return self._new_shared(record, other[0], prompt[:4 * other[1]]), other[1]
+        if k:
+            self._prefixes.move_to_end(known[0].digest)
+            return known[0], k
+        return None
+
+    def _new_shared(self, record: CallRecord, other: Written, tokens: bytes) -> Shared:
+        """Write (durably, before any line refers to it) the shared prefix of `tokens` and the request parts
+        this record shares with `other`, and remember it."""
+        request = shared_request(record.request or {}, other.request or {})
+        data = dumps_line({"shared_version": SHARED_VERSION, "api": record.api,
+                           "ids": record.prompt_ids[: len(tokens) // 4], "request": request})
+        digest = hashlib.blake2b(data, digest_size=16).hexdigest()
+        write_shared(self.capture_dir / SHARED_DIR / f"{digest}.json", data, self.fsync)
+        entry = self._prefixes.pop(digest, None)
+        if entry is None:
+            entry = Shared(digest, record.api, tokens, request, len(tokens) + len(data))
+            self._shared_bytes += entry.weight
+        self._prefixes[digest] = entry
+        while len(self._prefixes) > SHARED_ENTRIES:
+            self._shared_bytes -= self._prefixes.popitem(last=False)[1].weight
+        return entry
+
+    def _remember_first(self, record: CallRecord, prompt: bytes, line: dict[str, Any], size: int) -> None:
+        """Keep the prompt of a record its own file shared little with, for a later session's first record
+        to find a new shared prefix in."""
+        own, base = line.get("prompt_prefix"), line.get("request_base") or {}
+        if len(prompt) < 4 * MIN_SHARED or own is not None and "call_id" in own and own["length"] >= MIN_SHARED:
+            return
+        entry = self._prefixes.get(base.get("shared", ""))
+        weight = len(prompt) + size + (entry.weight if entry else 0)  # its request is the shared one's + its line's
+        if len(self._firsts) == self._firsts.maxlen:
+            self._shared_bytes -= self._firsts[0].weight
+        self._firsts.append(Written(record.call_id, record.api, prompt, record.request, weight))
+        self._shared_bytes += weight
 
     def forget(self, task_id: str, session_id: str) -> None:
         """Drop what this writer remembers of a session (it ended); later lines start self-contained."""

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import time
 from contextlib import contextmanager
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from polar.run.services import ProxyHandle
+from polar_traj.captures import copy_capture
 from workers.manifest import Manifest, sample_dir, write_json
 from workers.settings import WorkerSettings
 
@@ -157,9 +157,7 @@ def abandon(attempt: Path, proxy: ProxyHandle, reason: str, kind: str) -> None:
         if recorded and (Path(recorded) / src.relative_to(proxy.capture_dir)).exists():
             src = Path(recorded) / src.relative_to(proxy.capture_dir)
         if src.exists():
-            dst = attempt / "abandoned-captures" / session["task_id"] / src.name
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            shutil.move(src, dst)
+            dst = copy_capture(src, attempt / "abandoned-captures" / session["task_id"] / src.name, move=True)
             moved.append(str(dst))
     write_json(attempt / ABANDONED, {"reason": reason, "kind": kind, "at": time.time(), "captures": moved})
 

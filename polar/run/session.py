@@ -31,6 +31,7 @@ from polar.run.services import ROOT, ProxyHandle, Session, context_view, new_ses
 from polar.run.summary import RunSummary, WorkspaceTooLarge, changed_files, snapshot, summarize
 from polar.sandbox.bridge import UnixToTcp
 from polar.sandbox.runtime import ExecResult, Mounts, Sandbox, get_runtime
+from polar_traj.captures import copy_capture
 
 TOOLS_BIN = ROOT / ".tools" / "npm" / "node_modules" / ".bin"
 HARNESS_BIN = ROOT / ".tools" / "bin"  # commands of harnesses in their own environments (Python venvs, OpenClaw)
@@ -272,7 +273,4 @@ def capture_files(proxy: ProxyHandle, own_proxy: bool, session: Session, out: Pa
     src = proxy.capture_dir / session.task_id / f"{session.session_id}.jsonl"
     if not src.exists():
         return []
-    dst = out / "captures" / session.task_id / src.name
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(src, dst)
-    return [dst]
+    return [copy_capture(src, out / "captures" / session.task_id / src.name)]  # with the shared prefixes it names

@@ -101,3 +101,33 @@ def test_the_proxys_linear_capture_reads_back_whole_and_so_does_format_1(tmp_pat
         append_record(full, r)  # what an older proxy wrote
     assert list(read_capture(full / "local" / path.name)) == records
     assert path.stat().st_size * 2 < (full / "local" / path.name).stat().st_size
+
+
+def test_sessions_with_one_long_system_prompt_store_it_once(tmp_path, stub, tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    from polar_traj.captures import MIN_SHARED, shared_files
+    from tests.prompt_oracle import assert_prompt_faithful
+
+    proc, proxy = start_proxy(tmp_path, stub.url, tiny_model_dir)
+    system = {"role": "system", "content": "You are a careful coding agent. Read before you edit. " * 60}
+    try:
+        with httpx.Client(timeout=30) as client:
+            for n in range(3):
+                body = chat([system, {"role": "user", "content": f"task {n}: fix the tests"}])
+                r = client.post(proxy.base_url + "/v1/chat/completions", json=body,
+                                headers={"authorization": f"Bearer shared-{n}"})
+                assert r.status_code == 200, r.text
+    finally:
+        stop(proc)
+    tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    paths = [proxy.capture_dir / "local" / f"{hashed_id(f'shared-{n}')}.jsonl" for n in range(3)]
+    firsts = [json.loads(p.read_text().splitlines()[0]) for p in paths]
+    assert "prompt_prefix" not in firsts[0] and len(firsts[0]["prompt_ids"]) > MIN_SHARED
+    assert firsts[1]["prompt_prefix"]["shared"] == firsts[2]["prompt_prefix"]["shared"]  # one file for all
+    assert shared_files(paths[1]) == shared_files(paths[2])
+    assert shared_files(paths[1])[0].is_file()
+    for p in paths:
+        (record,) = read_capture(p)
+        assert_prompt_faithful(record, tok)  # the proxy's rendering of the request, id for id
+    assert all(p.stat().st_size * 4 < paths[0].stat().st_size for p in paths[1:])
