@@ -4,7 +4,6 @@ from __future__ import annotations
 import hashlib
 import time
 import uuid
-from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,7 +75,7 @@ def reply_message(c: Completion) -> Message:
 
 def call_tokens(call: Call, stop_ids: frozenset[int]) -> CallTokens:
     ids = call.output.output_ids
-    return CallTokens(call.call_id, array("i", call.prompt.ids), array("i", ids), bool(ids) and ids[-1] in stop_ids)
+    return CallTokens.of(call.call_id, call.prompt, ids, bool(ids) and ids[-1] in stop_ids)
 
 
 def make_record(call: Call, response: dict[str, Any] | None, error: str | None = None,

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
 from jinja2 import TemplateError
 
 from polar_mitm.conversation import Conversation, Message, ProviderError, Tool
@@ -52,34 +52,63 @@ def to_template_tools(tools: tuple[Tool, ...]) -> list[dict[str, Any]] | None:
     ]
 
 
-def message_key(m: Message) -> str:
+def message_key(m: Message) -> bytes:
     """What a replayed message must keep to count as the same turn: harnesses re-encode tool-call JSON,
     reassign ids, move cache markers and keep or drop reasoning, none of which changes its meaning."""
     calls = [[c.name, c.args()] for c in m.tool_calls]
-    return json.dumps([m.role, m.content.strip(), calls, m.name], sort_keys=True, ensure_ascii=False)
+    return _key_json([m.role, m.content.strip(), calls, m.name])
 
 
-def _chain(prev: bytes, item: str) -> bytes:
-    return hashlib.blake2b(prev + item.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+def _key_json(value: Any) -> bytes:
+    """Sorted-key JSON, only ever compared with itself (orjson: the stdlib's json.dumps costs ~10x on the
+    long histories every later call re-hashes)."""
+    try:
+        return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+    except TypeError:  # lone surrogates, ints past 64 bits, non-str keys: the stdlib, escaped (still one-to-one)
+        return json.dumps(value, sort_keys=True, ensure_ascii=True).encode("ascii")
+
+
+def _chain(prev: bytes, item: bytes) -> bytes:
+    return hashlib.blake2b(prev + item, digest_size=16).digest()
 
 
 def conversation_hashes(conv: Conversation) -> list[bytes]:
     """h[k] identifies (tools, messages[:k]); h[0] covers tools only."""
-    tools = json.dumps([[t.name, t.description, t.parameters] for t in conv.tools], sort_keys=True)
-    hashes = [_chain(b"", tools)]
+    hashes = [_chain(b"", _key_json([[t.name, t.description, t.parameters] for t in conv.tools]))]
     for m in conv.messages:
         hashes.append(_chain(hashes[-1], message_key(m)))
     return hashes
 
 
-@dataclass
+@dataclass(frozen=True)
 class CallTokens:
-    """What the history needs to remember of one finished call."""
+    """What the history needs to remember of one finished call. Its prompt is kept as the ids it added after
+    its parent's `prompt_ids + output_ids` (a substituted prompt starts with exactly those), so a session's
+    history holds each id once, and the next prompt is built from these pieces by pointer copies."""
 
     call_id: str
-    prompt_ids: array
-    output_ids: array
+    parent: "CallTokens | None"
+    new_ids: tuple[int, ...]  # the prompt's ids after the parent's (all of them when there is no parent)
+    output_ids: tuple[int, ...]
     ended_with_eos: bool
+
+    def ids(self) -> list[int]:
+        """This call's prompt_ids + output_ids."""
+        chain: list[CallTokens] = []
+        node: CallTokens | None = self
+        while node is not None:
+            chain.append(node)
+            node = node.parent
+        out: list[int] = []
+        for node in reversed(chain):
+            out += node.new_ids
+            out += node.output_ids
+        return out
+
+    @classmethod
+    def of(cls, call_id: str, prompt: "Prompt", output_ids: list[int], ended_with_eos: bool) -> "CallTokens":
+        new = prompt.ids[prompt.extends:] if prompt.parent is not None else prompt.ids
+        return cls(call_id, prompt.parent, tuple(new), tuple(output_ids), ended_with_eos)
 
 
 @dataclass(frozen=True)
@@ -89,6 +118,7 @@ class Prompt:
     parent_call_id: str | None
     hashes: list[bytes] = field(repr=False)
     extends: int = 0  # substituted: the first this many ids are the parent's prompt_ids + output_ids
+    parent: CallTokens | None = field(default=None, repr=False, compare=False)
 
 
 class ChatRenderer:
@@ -195,9 +225,8 @@ class SessionHistory:
             if delta is None:
                 why = "template_not_append_only"
                 break
-            ids = list(parent.prompt_ids)
-            ids.extend(parent.output_ids)
+            ids = parent.ids()
             extends = len(ids)
             ids.extend(delta)
-            return Prompt(ids, "substituted", parent.call_id, hashes, extends)
+            return Prompt(ids, "substituted", parent.call_id, hashes, extends, parent)
         return Prompt(renderer.render_full(conv), f"rendered:{why}", None, hashes)

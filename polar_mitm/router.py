@@ -42,6 +42,11 @@ _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
+def _has_surrogate_escape(raw: bytes) -> bool:
+    # two substring searches (memchr speed) rule out almost every body before the regex (~4 ns a byte) runs
+    return (b"\\ud" in raw or b"\\uD" in raw) and _SURROGATE_ESCAPE.search(raw) is not None
+
+
 def parse_positive(value: int) -> int:
     if value <= 0:
         raise ValueError(f"expected a positive number, got {value}")
@@ -212,7 +217,7 @@ class Router:
         if not isinstance(body, dict):
             raise ProviderError(400, "request body must be a JSON object")
         call.request_body = body
-        parsed = scrub_surrogates(body) if _SURROGATE_ESCAPE.search(raw) else body
+        parsed = scrub_surrogates(body) if _has_surrogate_escape(raw) else body
         call.conv = CODECS[call.route.api].parse_request(parsed, path)
 
     def _side_answer(self, route, conv: Conversation) -> http.Response:

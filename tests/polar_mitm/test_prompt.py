@@ -1,5 +1,4 @@
 """History substitution with the fixture model's real tokenizer and chat template."""
-from array import array
 
 import pytest
 from transformers import AutoTokenizer
@@ -33,7 +32,7 @@ def full_ids(tokenizer, c: Conversation) -> list[int]:
 def sample(history, prompt, tokenizer, reply: Message, reply_text: str, call_id: str, eos=True):
     """Stand-in for the engine: the reply's tokens as if sampled, then remembered like the proxy does."""
     out = tokenizer(reply_text, add_special_tokens=False)["input_ids"] + ([tokenizer.eos_token_id] if eos else [])
-    history.remember(prompt, reply, CallTokens(call_id, array("i", prompt.ids), array("i", out), eos))
+    history.remember(prompt, reply, CallTokens.of(call_id, prompt, out, eos))
     return out
 
 
