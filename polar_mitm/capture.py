@@ -4,7 +4,8 @@ polar_traj.captures.CaptureWriter), durable before the reply is released.
 Group commit: one writer thread per capture folder takes every record queued since its last batch, appends
 them (one open, flush and fsync per session file in the batch) and only then resolves each call's future, so
 a record is on disk before the harness sees the reply, no fsync runs on the event loop, and under load many
-calls share one fsync (a batch forms while the previous one is being synced)."""
+calls share one fsync (a batch forms while the previous one is being synced). The calls of one batch are
+woken with one wakeup of the event loop, not one each."""
 from __future__ import annotations
 
 import asyncio
@@ -52,7 +53,14 @@ class GroupWriter:
         self._thread.start()
 
     def submit(self, record: CallRecord, extends: int = 0) -> Future:
+        """For a caller that blocks until the record is durable."""
         future: Future = Future()
+        self._queue.put((record, extends, future))
+        return future
+
+    def submit_async(self, record: CallRecord, extends: int = 0) -> asyncio.Future:
+        """For a coroutine on the running loop: the returned future resolves there, with its batch."""
+        future = asyncio.get_running_loop().create_future()
         self._queue.put((record, extends, future))
         return future
 
@@ -94,11 +102,31 @@ class GroupWriter:
                         results += self.writer.write_many([(record, extends or None)])
                     except Exception as one:
                         results.append(one)
+        waiting: dict[asyncio.AbstractEventLoop, list] = {}
         for (_, _, future), result in zip(calls, results):
-            if isinstance(result, BaseException):
-                future.set_exception(result)
+            if isinstance(future, asyncio.Future):
+                waiting.setdefault(future.get_loop(), []).append((future, result))
             else:
-                future.set_result(result)
+                _resolve(future, result)
+        for loop, pairs in waiting.items():
+            try:
+                loop.call_soon_threadsafe(_resolve_all, pairs)
+            except RuntimeError:  # the loop was closed (the proxy is shutting down): nobody waits any more
+                pass
+
+
+def _resolve(future: Future | asyncio.Future, result: object) -> None:
+    if future.done():  # its caller stopped waiting (a cancelled call): the record is on disk all the same
+        return
+    if isinstance(result, BaseException):
+        future.set_exception(result)
+    else:
+        future.set_result(result)
+
+
+def _resolve_all(pairs: list[tuple[asyncio.Future, object]]) -> None:
+    for future, result in pairs:
+        _resolve(future, result)
 
 
 class Capture:
@@ -124,20 +152,21 @@ class Capture:
         if self.writer is not None:
             self.writer.close()
 
-    def _submit(self, record: CallRecord, extends: int) -> Future:
+    def _writer(self) -> GroupWriter:
         if self.writer is None:
             raise CaptureError("polar_capture_dir is not configured")
-        return self.writer.submit(record, extends)
+        return self.writer
 
     def write(self, record: CallRecord, extends: int = 0) -> None:
         """Write and wait (error paths, which are rare). Raises CaptureError."""
-        self._check(record, self._submit(record, extends))
+        self._check(record, self._writer().submit(record, extends))  # exception() waits for the batch
 
     async def commit(self, record: CallRecord, extends: int = 0) -> None:
-        """Write in the next batch; returns once the record is durable. Raises CaptureError."""
-        future = self._submit(record, extends)
+        """Write in the next batch; returns once the record is durable. Raises CaptureError. Cancelled, the
+        write still goes on."""
+        future = self._writer().submit_async(record, extends)
         try:
-            await asyncio.wrap_future(future)
+            await future
         except Exception:
             pass
         self._check(record, future)
@@ -147,7 +176,7 @@ class Capture:
             self.writer.forget(task_id, session_id)
 
     @staticmethod
-    def _check(record: CallRecord, future: Future) -> None:
+    def _check(record: CallRecord, future: Future | asyncio.Future) -> None:
         e = future.exception()
         if e is None:
             return

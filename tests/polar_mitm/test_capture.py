@@ -2,6 +2,7 @@
 releases a reply only once its record is on disk. Real mitmdump in front of a zero-compute stub engine."""
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -10,11 +11,13 @@ import threading
 import httpx
 import pytest
 
+from polar_mitm.capture import Capture, GroupWriter
 from polar_mitm.sessions import hashed_id
 from polar_traj.capture_reader import read_capture
 from polar_traj.records import append_record
 from tests.polar_mitm.conftest import start_proxy, stop
 from tests.polar_mitm.stub_engine import StubEngine
+from tests.polar_traj.conftest import make_record
 
 
 @pytest.fixture(scope="module")
@@ -131,3 +134,26 @@ def test_sessions_with_one_long_system_prompt_store_it_once(tmp_path, stub, tiny
         (record,) = read_capture(p)
         assert_prompt_faithful(record, tok)  # the proxy's rendering of the request, id for id
     assert all(p.stat().st_size * 4 < paths[0].stat().st_size for p in paths[1:])
+
+
+def test_a_cancelled_calls_record_is_written_and_the_writer_goes_on(tmp_path):
+    """A call cancelled while its record waits for the writer (its client left mid-call): the record still
+    lands, and the writer thread keeps serving the calls after it."""
+    capture = Capture()
+    capture.writer = writer = GroupWriter(tmp_path)
+    gate, commit = threading.Event(), writer._commit
+    writer._commit = lambda calls: (gate.wait(10), commit(calls))  # the batch waits until the call is cancelled
+
+    async def main() -> None:
+        first = asyncio.create_task(capture.commit(make_record([1, 2, 3], [4], call_id="a", session_id="s1")))
+        await asyncio.sleep(0.1)
+        first.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        gate.set()
+        await asyncio.wait_for(capture.commit(make_record([5, 6], [7], call_id="b", session_id="s2")), 10)
+
+    asyncio.run(main())
+    writer.close()
+    assert [r.call_id for r in read_capture(tmp_path / "task" / "s1.jsonl")] == ["a"]
+    assert [r.call_id for r in read_capture(tmp_path / "task" / "s2.jsonl")] == ["b"]
