@@ -10,7 +10,7 @@ import logging
 from mitmproxy import connection, ctx, http
 from mitmproxy.exceptions import OptionsError
 
-from polar_mitm.guard import is_base_url_mode
+from polar_mitm.guard import is_base_url_mode, request_headers
 from polar_mitm.provider_responses import error_response
 from polar_mitm.sessions import (
     Credentials, OpenSessions, RedisSessions, Session, SessionStoreError, api_key_credentials, parse_sessions_spec,
@@ -66,7 +66,8 @@ class SessionAuth:
     async def request(self, flow: http.HTTPFlow) -> None:
         if flow.response or "polar_route" not in flow.metadata:
             return
-        headers = {k.lower(): v for k, v in flow.request.headers.items()}
+        headers = request_headers(flow)
+        flow.metadata.pop("polar_headers", None)  # it holds the credentials, which leave the request here
         for name in SECRET_HEADERS:
             flow.request.headers.pop(name, None)
         api = flow.metadata["polar_route"].api  # Guard matched the route: answer in its provider's shape

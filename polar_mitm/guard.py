@@ -48,6 +48,19 @@ def is_base_url_mode(flow: http.HTTPFlow) -> bool:
     return isinstance(flow.client_conn.proxy_mode, ReverseMode)
 
 
+def request_headers(flow: http.HTTPFlow) -> dict[str, str]:
+    """The request's headers by lower-cased name, a repeated one's values joined with ", " (what
+    `{k.lower(): v for k, v in headers.items()}` gives), read from the raw fields once per flow: mitmproxy's
+    Headers.items() looks every name up again through all fields."""
+    cached = flow.metadata.get("polar_headers")
+    if cached is None:
+        cached = {}
+        for key, value in flow.request.headers.fields:
+            name, text = key.decode("utf-8", "surrogateescape").lower(), value.decode("utf-8", "surrogateescape")
+            cached[name] = f"{cached[name]}, {text}" if name in cached else text
+        flow.metadata["polar_headers"] = cached
+    return cached
+
 class Guard:
     def __init__(self) -> None:
         self.hosts = frozenset(PROVIDER_HOSTS)
@@ -82,7 +95,7 @@ class Guard:
     def request(self, flow: http.HTTPFlow) -> None:
         if flow.response:
             return
-        headers = {k.lower(): v for k, v in flow.request.headers.items()}
+        headers = request_headers(flow)
         family = family_of(flow.request.pretty_host.lower(), headers, flow.request.path)
         api = family_api(family)
         if not is_base_url_mode(flow) and flow.request.pretty_host.lower() not in self.hosts:

@@ -19,7 +19,7 @@ from polar_mitm.capture import Capture
 from polar_mitm.conversation import Conversation, ProviderError
 from polar_mitm.egress import Egress, _Refused
 from polar_mitm.fence import Fence
-from polar_mitm.guard import Guard
+from polar_mitm.guard import Guard, request_headers
 from polar_mitm.provider_responses import error_response, family_api
 from polar_mitm.quotas import SessionQuotas
 from polar_mitm.router import Router
@@ -151,7 +151,7 @@ class Polar:
         if route is not None:
             return route.api
         try:
-            headers = {k.lower(): v for k, v in flow.request.headers.items()}
+            headers = request_headers(flow)
             return family_api(family_of(flow.request.pretty_host.lower(), headers, flow.request.path))
         except Exception:
             return "openai_chat"
