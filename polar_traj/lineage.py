@@ -40,6 +40,7 @@ COMPACTION_MARKERS = (  # the harness's own words around a summary (Claude Code,
 )
 
 Payload = Callable[[str], tuple[dict[str, Any], dict[str, Any] | None]]  # call_id -> (request, response)
+Reply = Callable[[str], dict[str, Any] | None]  # call_id -> response: most calls need only theirs
 
 
 @dataclass(frozen=True)
@@ -90,7 +91,7 @@ def squash(text: str) -> str:
     return " ".join(text.split())
 
 
-def view_chain(chain: Chain, payload: Payload) -> ChainView:
+def view_chain(chain: Chain, payload: Payload, reply: Reply) -> ChainView:
     calls = chain.calls
     request, response = _payload(calls[0], payload)
     first = conversation_messages(calls[0].api, request, None)  # the first prompt, without its reply
@@ -101,9 +102,9 @@ def view_chain(chain: Chain, payload: Payload) -> ChainView:
     replies: dict[str, str] = {}
     spawns: list[Spawn] = []
     for call in calls:
-        reply = _reply(call, payload, last if call is calls[-1] else None)
-        replies[call.call_id] = squash(reply.get("content") or "")
-        spawns.extend(_spawns(call, reply, results))
+        message = _reply(call, reply, last if call is calls[-1] else None)
+        replies[call.call_id] = squash(message.get("content") or "")
+        spawns.extend(_spawns(call, message, results))
     return ChainView(
         first_user=users[0] if users else "", history=_texts(prompt, ("user", "assistant")),
         history_user=" ".join(users), offers_tools=bool(first["tools"]),
@@ -121,10 +122,10 @@ def _payload(call: CallRecord, payload: Payload) -> tuple[dict[str, Any], dict[s
     return (call.request, call.response) if call.request else payload(call.call_id)
 
 
-def _reply(call: CallRecord, payload: Payload, known: dict[str, Any] | None) -> dict[str, Any]:
+def _reply(call: CallRecord, reply: Reply, known: dict[str, Any] | None) -> dict[str, Any]:
     """The call's own reply message (an empty one when it has none)."""
     if known is None:
-        known = conversation_messages(call.api, {}, _payload(call, payload)[1])
+        known = conversation_messages(call.api, {}, call.response if call.request else reply(call.call_id))
     messages = known["messages"]
     return messages[-1] if messages and messages[-1]["role"] == "assistant" else {}
 
@@ -145,9 +146,10 @@ def _spawns(call: CallRecord, reply: dict[str, Any], results: dict[str, str]) ->
     return spawns
 
 
-def session_lineage(chains: Sequence[Chain], payload: Payload) -> list[Lineage]:
-    """One Lineage per chain, in the order given (prefix_merge's order: by first call)."""
-    views = [view_chain(c, payload) for c in chains]
+def session_lineage(chains: Sequence[Chain], payload: Payload, reply: Reply) -> list[Lineage]:
+    """One Lineage per chain, in the order given (prefix_merge's order: by first call). `payload` is asked
+    only for each chain's first and last call, `reply` for the others."""
+    views = [view_chain(c, payload, reply) for c in chains]
     ctx = _Context(chains, views)
     for i in sorted(range(len(chains)), key=lambda i: views[i].started_at):
         ctx.done[i] = ctx.label(i)

@@ -11,6 +11,7 @@ import json
 import os
 import time
 import uuid
+from collections import deque
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -22,6 +23,13 @@ from . import atomic
 from .schema import STATS_KEY, TOKEN_COLUMNS, TRAJECTORY_SCHEMA, check_version
 
 _NUMPY = {pa.int32(): np.int32, pa.int8(): np.int8, pa.float32(): np.float32}
+RECENT_ROWS = 4  # earlier rows of a batch that a row's tokens are checked to start with
+MIN_SHARED = 64  # shorter rows are converted whole: a shared prefix would save little
+# Token columns are written without dictionary encoding: ids hardly repeat within a page, and plain
+# pages let zstd find the long runs that per_request rows share (about half the file, twice as fast).
+# Every other column keeps it (a list column is named by its leaf path).
+DICTIONARY_COLUMNS = [f"{f.name}.list.element" if pa.types.is_list(f.type) else f.name
+                      for f in TRAJECTORY_SCHEMA if f.name not in TOKEN_COLUMNS]
 
 
 def part_path(directory: str | os.PathLike) -> Path:
@@ -47,8 +55,35 @@ def _list_array(values: list[Any], value_type: pa.DataType) -> pa.Array:
     np.cumsum([len(v) for v in values], out=offsets[1:])
     if offsets[-1] > np.iinfo(np.int32).max:
         raise ValueError("a record batch holds over 2**31 tokens in one column: write fewer rows per batch")
-    flat = np.concatenate([np.asarray(v, dtype=dtype) for v in values]) if values else np.zeros(0, dtype)
+    if not values:
+        flat = np.zeros(0, dtype)
+    elif np.issubdtype(dtype, np.integer):
+        flat = np.concatenate(_int_arrays(values, dtype))
+    else:  # floats: 0.0 == -0.0, so an equal prefix may not be the same values
+        flat = np.concatenate([np.asarray(v, dtype=dtype) for v in values])
     return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(flat, type=value_type))
+
+
+def _int_arrays(values: list[Any], dtype: type) -> list[np.ndarray]:
+    """Each row as an array. A row whose list starts with a recent row's whole list (per_request: a turn's
+    prompt starts with the turn before's) converts only its own tail: converting Python ints is the cost
+    here, comparing two lists that mostly hold the same int objects is several times cheaper."""
+    recent: deque[tuple[list[int], np.ndarray]] = deque(maxlen=RECENT_ROWS)
+    arrays = []
+    for v in values:
+        array = None
+        if type(v) is list:
+            for old, old_array in recent:
+                n = len(old)
+                if n <= len(v) and v[n - 1] == old[-1] and v[0] == old[0] and v[:n] == old:
+                    array = np.concatenate([old_array, np.asarray(v[n:], dtype=dtype)])
+                    break
+        if array is None:
+            array = np.asarray(v, dtype=dtype)
+        if type(v) is list and len(v) >= MIN_SHARED:
+            recent.appendleft((v, array))
+        arrays.append(array)
+    return arrays
 
 
 class TrajectoryWriter:
@@ -68,7 +103,8 @@ class TrajectoryWriter:
     def __enter__(self) -> "TrajectoryWriter":
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._tmp = atomic.temp_beside(self.path)
-        self._writer = pq.ParquetWriter(self._tmp, TRAJECTORY_SCHEMA, compression=self.compression)
+        self._writer = pq.ParquetWriter(self._tmp, TRAJECTORY_SCHEMA, compression=self.compression,
+                                        use_dictionary=DICTIONARY_COLUMNS)
         return self
 
     def write(self, row: dict[str, Any]) -> None:

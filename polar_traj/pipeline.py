@@ -1,8 +1,10 @@
 """Capture directory -> trajectories -> one Parquet part, one session at a time."""
 from __future__ import annotations
 
+import gc
 import json
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
@@ -52,6 +54,21 @@ def iter_trajectories(selection: Selection, config: BuildConfig = BuildConfig(),
         yield from plan.apply(trajectories)
 
 
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """The cyclic garbage collector off for a build. Each collection walks every young container, and a
+    record's id tuples (and a per_request row's lists) hold tens of thousands of ints each: a fifth of a
+    build's CPU went there. A build makes next to no reference cycles (its sessions are freed by reference
+    counting as it moves on); the collector runs again, as it was, when the build ends."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def build_parquet(selection: Selection, out: str | os.PathLike, config: BuildConfig = BuildConfig(),
                   outcomes: Outcomes | None = None, advantage: AdvantageConfig = AdvantageConfig(),
                   progress: Progress | None = None) -> BuildResult:
@@ -59,7 +76,7 @@ def build_parquet(selection: Selection, out: str | os.PathLike, config: BuildCon
     as_dir = os.fspath(out).endswith(("/", os.sep)) or Path(out).is_dir()
     target = part_path(out) if as_dir else Path(out)
     stats = MergeStats(strategy=config.strategy)
-    with TrajectoryWriter(target) as writer:
+    with gc_paused(), TrajectoryWriter(target) as writer:
         for t in iter_trajectories(selection, config, outcomes, advantage, stats, progress):
             writer.write(t.row())
         writer.set_metadata(STATS_KEY, json.dumps(stats.to_dict()))

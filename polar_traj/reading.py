@@ -4,7 +4,8 @@ Layout (DESIGN.md §3): `<capture_dir>/<task_id>/<session_id>.jsonl`, either cap
 (docs/captures.md). A session is read with its provider payloads (`request`, `response`) out of the
 records; `Session.payload(call_id)` gives the one that is needed: kept in memory from a linear file (whose
 requests share their common parts, so they take about the file's size), re-read by byte offset from a
-format-1 file (whose requests each repeat the whole history).
+format-1 file (whose requests each repeat the whole history). A format-1 line's response (the reply alone,
+parsed anyway) is kept: `Session.response(call_id)` needs no re-read.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from .records import CallRecord
 
 SUFFIX = ".jsonl"
 MAX_TOKEN_ID = 2**31 - 1
+_PROMPT_IDS = b'"prompt_ids":'
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,7 @@ class Session:
     problems: list[str] = field(default_factory=list)  # invalid lines skipped (non-strict reads)
     offsets: dict[str, int] = field(default_factory=dict)  # call_id -> byte offset of its line
     payloads: dict[str, tuple[dict[str, Any], dict[str, Any] | None]] = field(default_factory=dict)  # format 2
+    responses: dict[str, dict[str, Any] | None] = field(default_factory=dict)  # read without payloads
 
     @property
     def task_id(self) -> str:
@@ -53,8 +56,33 @@ class Session:
             return {}, None
         with open(self.file.path, "rb") as f:
             f.seek(self.offsets[call_id])
-            data = loads_line(f.readline())
+            data = _without_prompt(f.readline())
         return data.get("request") or {}, data.get("response")
+
+    def response(self, call_id: str) -> dict[str, Any] | None:
+        """The response of one call, without reading its line again when the first read kept it."""
+        if call_id in self.payloads:
+            return self.payloads[call_id][1]
+        if call_id in self.responses:
+            return self.responses[call_id]
+        return self.payload(call_id)[1]
+
+
+def _without_prompt(line: bytes) -> dict[str, Any]:
+    """A line parsed without its prompt_ids array (most of a long session's format-1 line, and not needed
+    for a payload): the first `"prompt_ids": [...]` is cut out, and the cut line kept only when it parses
+    to a record whose prompt_ids is the null put there (the array was its own); else the whole line is parsed."""
+    key = line.find(_PROMPT_IDS)
+    start = line.find(b"[", key, key + 20) if key >= 0 else -1
+    end = line.find(b"]", start) if start >= 0 and not line[key + len(_PROMPT_IDS):start].strip() else -1
+    if end >= 0:
+        try:
+            data = loads_line(line[:start] + b"null" + line[end + 1:])
+        except ValueError:  # not JSON once cut (a JSONDecodeError is a ValueError)
+            data = None
+        if isinstance(data, dict) and "prompt_ids" in data and data["prompt_ids"] is None:
+            return data
+    return loads_line(line)
 
 
 def scan(capture_dir: str | os.PathLike, task_id: str | None = None,
@@ -87,6 +115,7 @@ def read_session(sf: SessionFile, payloads: bool = False, strict: bool = True) -
     decoder = CaptureDecoder(sf.path)
     seen: set[str] = set()
     for offset, lineno, data, stored in decoder.lines(payloads):
+        response = data.get("response")  # decode() drops it when payloads is False
         try:
             record = decoder.decode(data, payload=payloads, stored=stored)
             problems = validate(record, sf, seen, stored if type(stored) in (list, tuple) else None)
@@ -102,6 +131,8 @@ def read_session(sf: SessionFile, payloads: bool = False, strict: bool = True) -
         seen.add(record.call_id)
         session.offsets[record.call_id] = offset
         session.records.append(record)
+        if not payloads:
+            session.responses[record.call_id] = response
     if not payloads:
         session.payloads = decoder.payloads
     return session

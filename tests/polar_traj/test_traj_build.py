@@ -1,9 +1,11 @@
 """build.py: exact tokens, masks and logprobs under both strategies; truncation, missing logprobs, errors."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from polar_traj.build import BuildConfig, build_session, chain_tokens, trajectory_id
+from polar_traj.build import BuildConfig, build_session, chain_tokens, metadata_json, trajectory_id
 from polar_traj.outcomes import parse_outcomes
 from polar_traj.pipeline import Selection, iter_trajectories
 from polar_traj.reading import read_session, scan
@@ -196,3 +198,13 @@ def test_each_chain_names_the_agent_its_framework_tagged(capture, write_records,
     trajectories, _ = built(capture, write_records, [triage, coder, coder_next, plain])
     assert {tuple(t.call_ids): t.metadata.get("agent") for t in trajectories} == {
         ("t0",): "triage", ("c0", "c1"): "coder", ("p0",): None}
+
+
+@pytest.mark.parametrize("metadata", [
+    {"a": 1.5, "b": [0.0001, -2.5e15, 1e-5], "c": None, "d": True},  # an exponent: written by json
+    {"started_at": 1733000000.25, "text": 'é "q" \\ \n\t\x00\x1f\x7f\u2028 😀', "n": [1, -2, 2**63 - 1]},
+    {"x": float("nan")}, {"x": float("inf")}, {"x": 1e16}, {"x": 2**64}, {1: "int key"}, {"s": "\ud800"},
+    {"nested": {"deep": [{"v": 9.5e-05}]}}, {"t": (1, 2.0)},
+])
+def test_metadata_json_is_what_json_dumps_writes(metadata):
+    assert metadata_json(metadata) == json.dumps(metadata, separators=(",", ":"), ensure_ascii=False)

@@ -123,3 +123,28 @@ def test_pyarrow_and_pandas_read_it_without_polar(capture, write_records, chain_
     assert got["rows"] == 1 and got["columns"] == TRAJECTORY_SCHEMA.names and got["version"] == SCHEMA_VERSION
     assert got["response_ids"] == [expected["response_ids"]] and got["loss_mask"] == [expected["loss_mask"]]
     assert got["logprobs"] == [expected["logprobs"]] and got["reward"] == [None] and got["meta"] == "new"
+
+
+def test_rows_sharing_a_prefix_convert_exactly():
+    """A row that starts with a recent row's whole list reuses its converted ids; every other shape (a
+    shorter row, a tuple, an array, a row that differs at the end, another row in between) converts whole."""
+    import numpy as np
+
+    base = list(range(3, 203))
+    prompts = [base, base + [7, 8], [1] + base, base[:-1] + [9], tuple(base + [5]), np.array(base + [6]),
+               base + [7, 8, 10], base[:50], base + [7, 8, 10, 11], []]
+    rows = [row(n, prompt_ids=p, loss_mask=[1] * (n + 64) + [0] * n)
+            for n, p in enumerate(prompts)]
+    batch = rows_to_batch(rows)
+    assert batch.column("prompt_ids").to_pylist() == [list(map(int, p)) for p in prompts]
+    assert batch.column("loss_mask").to_pylist() == [r["loss_mask"] for r in rows]
+
+
+def test_token_columns_are_written_without_a_dictionary(tmp_path):
+    with TrajectoryWriter(tmp_path / "a.parquet") as w:
+        w.write_all([row(0), row(1)])
+    group = pq.ParquetFile(tmp_path / "a.parquet").metadata.row_group(0)
+    encodings = {group.column(i).path_in_schema.split(".")[0]: group.column(i).encodings
+                 for i in range(group.num_columns)}
+    assert all("RLE_DICTIONARY" not in encodings[c] for c in ("prompt_ids", "response_ids", "loss_mask", "logprobs"))
+    assert "RLE_DICTIONARY" in encodings["call_ids"] and "RLE_DICTIONARY" in encodings["session_id"]

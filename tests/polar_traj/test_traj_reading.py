@@ -103,3 +103,21 @@ def test_linear_captures_build_the_same_trajectories(tmp_path, chain_session, ma
         build_parquet(Selection(tmp_path / form), tmp_path / f"{form}.parquet", BuildConfig(strategy=strategy))
         rows[form] = read(tmp_path / f"{form}.parquet").to_pylist()
     assert rows["linear"] == rows["f1"] and len(rows["f1"]) >= 2
+
+
+def test_responses_kept_and_payloads_read_without_the_prompt(capture, write_records, make_record):
+    """A format-1 session read without payloads keeps each response (no re-read); a payload re-read cuts
+    out the record's own prompt_ids, also when the request holds a `prompt_ids` key written before it."""
+    r = make_record(list(range(1, 300)), [7], call_id="c0", response={"choices": [{"message": {"content": "a"}}]})
+    write_records(capture, [r])
+    (sf,) = scan(capture)
+    request = {"prompt_ids": [5, 6], "messages": [{"role": "user", "content": 'say "prompt_ids": [1]'}]}
+    data = {"request": request, **json.loads(r.to_json()), "response": {"id": "x"}}
+    data["request"] = request  # keeps its place, first in the line
+    with open(sf.path, "a") as f:
+        f.write(json.dumps({**data, "call_id": "c1"}) + "\n")
+    session = read_session(sf)
+    assert session.responses == {"c0": r.response, "c1": {"id": "x"}}
+    assert session.payload("c1") == (request, {"id": "x"}) and session.payload("c0") == (r.request, r.response)
+    sf.path.unlink()
+    assert session.response("c0") == r.response  # kept from the first read: the file is not opened again
