@@ -11,6 +11,9 @@ each turn samples 150 tokens and gets a 400-token tool result back); each record
 chat request whose text grows with the conversation, as real captures do. Every measurement runs in
 a fresh process (peak RSS is per process). Bounded: well under a minute on 2 cores.
 
+The table ends with the figures of issue 30's row (prefix_merge MB/cpu-s and per_request ×before at
+100 turns); `issue_figures(rows)` gives them from the --json rows.
+
     .venv/bin/python bench/traj.py [--json] [--baseline REV | --no-baseline]
 """
 from __future__ import annotations
@@ -160,6 +163,30 @@ def main() -> None:
           f"tok ratio = trainer tokens per_request / prefix_merge; samples = trajectories per_request / prefix_merge)")
 
 
+def issue_figures(rows: list[dict], turns: int = 100) -> dict:
+    """The figures of issue 30's trajectory-build row, from the `turns`-turn case: prefix_merge MB of
+    format-1 capture per CPU second (f1 and linear), per_request calls/cpu-s over `before` (None without
+    a baseline)."""
+    r = next(r for r in rows if r["turns"] == turns)
+    before = r.get("before/per_request")
+    return {
+        "turns": turns,
+        "prefix_merge_mb_per_cpu_s": {name: r["capture_mb"] / r[f"{name}/prefix_merge"]["cpu_seconds"]
+                                      for name in ("f1", "linear")},
+        "per_request_x_before": {name: before["cpu_seconds"] / r[f"{name}/per_request"]["cpu_seconds"]
+                                 if before else None for name in ("f1", "linear")},
+    }
+
+
+def figures_line(rows: list[dict]) -> str:
+    f = issue_figures(rows)
+    mb, gain = f["prefix_merge_mb_per_cpu_s"], f["per_request_x_before"]
+    gains = " / ".join("–" if gain[n] is None else f"{gain[n]:.1f}" for n in ("f1", "linear"))
+    return (f"Issue 30 row (trajectory build, {f['turns']} turns, f1 / linear): prefix_merge "
+            f"{mb['f1']:.0f} / {mb['linear']:.0f} MB/cpu-s (target ≥ 300); per_request ×before {gains} "
+            f"(target ≥ 5).")
+
+
 def table(rows: list[dict]) -> list[str]:
     out = ["| turns | sess | calls | f1 MB | linear MB | reader | strategy | calls/s | calls/cpu-s | ×before | "
            "MB/cpu-s | peak MB | tok ratio | samples |", "|" + "---|" * 14]
@@ -178,6 +205,8 @@ def table(rows: list[dict]) -> list[str]:
                            f"{r['linear_mb']:.1f} | {name} | {strategy} | {r['calls'] / m['seconds']:.0f} | "
                            f"{per_cpu:.0f} | {gain} | {r['capture_mb'] / m['cpu_seconds']:.0f} | "
                            f"{m['rss_peak_mb']:.0f} | {ratio} |")
+    if any(r["turns"] == 100 for r in rows):
+        out += ["", figures_line(rows)]
     return out
 
 
