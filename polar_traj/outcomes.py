@@ -161,11 +161,17 @@ def parse_entry(raw: Any) -> dict[str, Any]:
     return entry
 
 
+def is_masked(status: Any, failure: Any) -> bool:
+    """Not the policy's fault (an error, an infrastructure failure): trained on with weight 0. The one rule
+    the workers' stage, the report's counts and `resolve` share."""
+    return failure == "infrastructure" or status == "error"
+
+
 def resolve(entry: Mapping[str, Any]) -> Resolved:
     """Apply the masking rules to one (merged) entry."""
     status, failure, reason = entry.get("status", "completed"), entry.get("failure"), entry.get("reason")
     reward = entry.get("reward")
-    if failure == "infrastructure" or status == "error":
+    if is_masked(status, failure):
         return Resolved("error", reward, False, failure or "infrastructure", reason)
     if failure == "agent_timeout" or status == "timeout":
         return Resolved("timeout", 0.0, True, failure or "agent_timeout", reason)

@@ -24,6 +24,7 @@ from typing import Any, Callable, TypeVar
 
 import redis
 
+from polar_traj.outcomes import is_masked
 from workers import batches, liveness, sample_flow as flow
 from workers.groups import GroupConfig, write_group
 from workers.manifest import Manifest, read_manifest, result_path, sample_dir, write_json
@@ -191,7 +192,7 @@ def finalize(step: Step, data: dict[str, Any]) -> None:
     settings = step.ctx.settings  # what served the sample's calls: the report names it
     data["engine"], data["model"] = f"{settings.engine} at {settings.engine_url}", str(settings.model_dir)
     write_json(result_path(manifest, step.sample_id), data)
-    masked = data.get("status") == "error" or data.get("failure") == "infrastructure"
+    masked = is_masked(data.get("status"), data.get("failure"))
     step.update(stage="masked" if masked else "done", status=data.get("status"), failure=data.get("failure"),
                 reward=data.get("reward"), reason=data.get("reason"), attempts=data["attempts"])
     liveness.untrack(step.r, step.node, step.batch_id, step.sample_id)

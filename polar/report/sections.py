@@ -12,6 +12,7 @@ import pandas as pd
 
 from polar.report.data import ReportData
 from polar.report.svg import STATUS_COLORS, bars, histogram, scatter, stacked, strip
+from polar_traj.outcomes import is_masked
 
 STATUSES = ("completed", "timeout", "error")
 STAGES = ("prepare_s", "run_s", "evaluate_s", "postrun_s")
@@ -135,7 +136,7 @@ def _unfinished(d: ReportData) -> list[str]:
 
 def _counts_line(d: ReportData, unfinished: list[str]) -> str:
     s = d.samples
-    masked = int(((s["status"] == "error") | (s["failure"] == "infrastructure")).sum())
+    masked = sum(is_masked(status, failure) for status, failure in zip(s["status"], s["failure"]))
     parts = [f"{int((s['status'] == 'completed').sum())} completed", f"{int((s['status'] == 'timeout').sum())} "
              f"timed out", f"{masked} masked (weight 0: an error or an infrastructure failure)"]
     outcome = d.layout.info.get("outcome") or {}
