@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -21,14 +20,13 @@ import pytest
 from transformers import AutoTokenizer
 
 from polar.harness.adapters import AdapterSpec, load_adapter
-from polar.run.session import HARNESS_BIN, EngineConfig, RunConfig, run_session
-from polar.run.services import start_proxy
+from polar.run.session import EngineConfig, RunConfig, run_session
 from polar_traj import read as read_trajectories
 from polar_traj.capture_reader import read_capture_dicts
 from polar_traj.messages import conversation_messages
 from tests.prompt_oracle import assert_prompt_faithful
 from tests.polar.harness.test_harness_matrix import INSTRUCTION, MatrixRun, _check_tokens_exact, replay
-from tests.polar.harness.test_harness_matrix_python import installed_pins
+from tests.polar.harness.test_harness_matrix_python import installed_pins, run_matrix
 
 ROOT = Path(__file__).resolve().parents[3]
 MORE_PACKAGE = ROOT / "scripts" / "harnesses" / "more" / "package.json"
@@ -81,21 +79,9 @@ def test_adapters_match_their_installers():
 
 @pytest.fixture(scope="module")
 def matrix(tmp_path_factory, start_reference_server, policies_dir, long_model, redis_url):
-    missing = [a for a in RUNS if not (HARNESS_BIN / load_adapter(a).package.bin).exists()]
-    if missing:
-        pytest.fail(f"harnesses missing under {HARNESS_BIN}: {missing} (run make setup)")
-    backend = start_reference_server(policies_dir / "write-then-finish.yaml", long_model, "--threads", "2")
-    tmp = tmp_path_factory.mktemp("matrix-more")
-    with start_proxy(long_model, backend, tmp / "captures", tmp / "mitm", tmp / "proxy.log", redis_url) as proxy:
-        with ThreadPoolExecutor(WORKERS) as pool:  # leaving the block waits for every run
-            futures = {a: pool.submit(run_one, load_adapter(a), via, tmp / a, backend, long_model, proxy)
-                       for a, (via, _agents) in RUNS.items()}
-    print(f"\nharness matrix, issue 33 (run wall time with {WORKERS} runs sharing the engine):")
-    for a, future in futures.items():
-        if future.exception() is None:
-            run = future.result()
-            print(f"  {a:14} {run.via:12} {run.wall_s:6.1f}s  {len(run.records)} calls")
-    return futures
+    jobs = {a: (a, via, a) for a, (via, _agents) in RUNS.items()}
+    return run_matrix(start_reference_server, policies_dir, long_model, redis_url,
+                      tmp_path_factory.mktemp("matrix-more"), jobs, run_one, "issue 33", WORKERS)
 
 
 @pytest.fixture(scope="module")
@@ -135,9 +121,17 @@ def _check_run(run: MatrixRun, tokenizer, adapter: str, via: str) -> str:
     assert (out / "workspace" / "polar.txt").read_text() == "polar\n", diag
     assert run.result.summary.files_changed["added"] == sorted(["polar.txt", *OWN_FILES.get(adapter, [])]), diag
     for record in run.records:
+        if record["error"] == "client disconnected" and not _offers_shell(run, record):
+            continue  # a side call the harness dropped as it exited (kilo's title, when the engine is quick)
         assert record["error"] is None, f"unexpected error record: {record['error']}"
         assert_prompt_faithful(record, tokenizer)
     return diag
+
+
+def _offers_shell(run: MatrixRun, record: dict[str, Any]) -> bool:
+    shell = run.adapter.shell_tool
+    tools = conversation_messages(record["api"], record["request"], None)["tools"]
+    return shell is None or shell.name in {t.get("function", {}).get("name") for t in tools}
 
 
 def _agent_of(record: dict[str, Any]) -> str | None:
@@ -149,9 +143,7 @@ def _calls_of(run: MatrixRun, agent: str | None) -> list[dict[str, Any]]:
     """A framework agent's calls (its requests' metadata.agent); for a CLI, the calls offering its shell tool."""
     if agent is not None:
         return [r for r in run.records if r["error"] is None and _agent_of(r) == agent]
-    shell = run.adapter.shell_tool.name
-    return [r for r in run.records if r["error"] is None
-            and shell in {t.get("function", {}).get("name") for t in conversation_messages(r["api"], r["request"], None)["tools"]}]
+    return [r for r in run.records if r["error"] is None and _offers_shell(run, r)]
 
 
 def _reply(record: dict[str, Any]) -> dict[str, Any]:

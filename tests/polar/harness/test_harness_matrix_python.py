@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import json
 import re
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 from transformers import AutoTokenizer
@@ -83,23 +83,33 @@ def test_package_needs_one_registry_and_a_pin(package: dict[str, Any], why: str)
         parse_adapter(data, "mine.yaml")
 
 
-@pytest.fixture(scope="module")
-def matrix(tmp_path_factory, start_reference_server, policies_dir, long_model, redis_url):
-    missing = [a for a in ADAPTERS if not (HARNESS_BIN / load_adapter(a).package.bin).exists()]
+def run_matrix(start_reference_server, policies_dir: Path, long_model: Path, redis_url: str, tmp: Path,
+               jobs: dict[Any, tuple[str, str, str]], run: Callable[..., Any], title: str,
+               workers: int = WORKERS) -> dict[Any, Future]:
+    """Each job (adapter, way in, run folder name) through one reference server (the write-then-finish
+    policy) and one proxy, `workers` at a time: its future by key, once all have ended (a failed run's error
+    stays in its future, for its own test to report)."""
+    missing = sorted({a for a, _, _ in jobs.values() if not (HARNESS_BIN / load_adapter(a).package.bin).exists()})
     if missing:
         pytest.fail(f"harnesses missing under {HARNESS_BIN}: {missing} (run make setup)")
     backend = start_reference_server(policies_dir / "write-then-finish.yaml", long_model, "--threads", "2")
-    tmp = tmp_path_factory.mktemp("matrix-python")
     with start_proxy(long_model, backend, tmp / "captures", tmp / "mitm", tmp / "proxy.log", redis_url) as proxy:
-        with ThreadPoolExecutor(WORKERS) as pool:  # leaving the block waits for every run
-            futures = {(a, v): pool.submit(one_run, load_adapter(a), v, tmp / f"{a}-{v}", backend, long_model, proxy)
-                       for a in ADAPTERS for v in WAYS_IN}
-    print(f"\nharness matrix, own environments (run wall time with {WORKERS} runs sharing the engine):")
-    for (a, v), future in futures.items():
+        with ThreadPoolExecutor(workers) as pool:  # leaving the block waits for every run
+            futures = {key: pool.submit(run, load_adapter(a), via, tmp / name, backend, long_model, proxy)
+                       for key, (a, via, name) in jobs.items()}
+    print(f"\nharness matrix, {title} (run wall time with {workers} runs sharing the engine):")
+    for key, future in futures.items():
         if future.exception() is None:
-            run = future.result()
-            print(f"  {a:15} {v:12} {run.wall_s:6.1f}s  {len(run.records)} calls")
+            result = future.result()
+            print(f"  {jobs[key][2]:28} {result.wall_s:6.1f}s  {len(result.records)} calls")
     return futures
+
+
+@pytest.fixture(scope="module")
+def matrix(tmp_path_factory, start_reference_server, policies_dir, long_model, redis_url):
+    jobs = {(a, v): (a, v, f"{a}-{v}") for a in ADAPTERS for v in WAYS_IN}
+    return run_matrix(start_reference_server, policies_dir, long_model, redis_url,
+                      tmp_path_factory.mktemp("matrix-python"), jobs, one_run, "own environments")
 
 
 @pytest.fixture(scope="module")
