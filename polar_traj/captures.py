@@ -312,8 +312,8 @@ class CaptureWriter:
                     self._remember_first(record, prompt, line, len(data))
                 output = id_bytes(record.output_ids)
                 if prompt is not None and output is not None:
-                    base = line.get("request_base")
-                    old = next((w.weight for w in state.recent if base and w.call_id == base["call_id"]), 0)
+                    base = line.get("request_base") or {}  # a shared base's weight is the shared entry's
+                    old = next((w.weight for w in state.recent if w.call_id == base.get("call_id")), 0)
                     weight = len(prompt) + len(output) + old + len(data)  # a delta line's request is its base's + it
                     if len(state.recent) == state.recent.maxlen:
                         self._bytes -= state.recent[0].weight

@@ -157,3 +157,17 @@ def test_any_sessions_sharing_prefixes_read_back_exactly(tmp_path_factory, make_
     root = tmp_path_factory.mktemp("cap")
     write(root, records)
     assert [r for n in range(len(steps)) for r in read_capture(root / "task" / f"s{n}.jsonl")] == records
+
+
+def test_a_sessions_later_call_may_refer_to_a_shared_prefix(capture, make_record):
+    """A session whose first line is a short side call (a title) and whose agent call then starts with the
+    harness's shared prompt: that second line refers to the shared file, is written once, and reads back."""
+    first = harness_session(make_record, 0, turns=1)
+    title = make_record([7, 8, 9] * 20, [5, 99], call_id="s1-title", session_id="s1",
+                        request={"model": "tiny", "messages": [{"role": "user", "content": "name this chat"}]})
+    agent = harness_session(make_record, 1, turns=2)
+    write(capture, first + [title] + agent)
+    lines = [json.loads(line) for line in (capture / "task" / "s1.jsonl").read_text().splitlines()]
+    assert [line["call_id"] for line in lines] == ["s1-title", "s1-c0", "s1-c1"]  # each once
+    assert "shared" in lines[1]["prompt_prefix"] and "shared" in lines[1]["request_base"]
+    assert list(read_capture(capture / "task" / "s1.jsonl")) == [title] + agent
