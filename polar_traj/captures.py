@@ -300,30 +300,42 @@ class CaptureWriter:
         with open(state.path, "ab") as f:
             if f.tell() < state.size:  # the file was replaced or cut: earlier lines are not there to refer to
                 self._forget_lines(state)
-            for record, extends in items:
-                prompt = _vouched(record, extends, state.recent) if extends else None
-                if prompt is None:
-                    prompt = id_bytes(record.prompt_ids)
-                share = partial(self._share, record, prompt) if self.shared and prompt is not None else None
-                line = encode_record(record, state.recent, prompt, share)
-                data = dumps_line(line)
-                f.write(data + b"\n")
-                if share is not None:
-                    self._remember_first(record, prompt, line, len(data))
-                output = id_bytes(record.output_ids)
-                if prompt is not None and output is not None:
-                    base = line.get("request_base") or {}  # a shared base's weight is the shared entry's
-                    old = next((w.weight for w in state.recent if w.call_id == base.get("call_id")), 0)
-                    weight = len(prompt) + len(output) + old + len(data)  # a delta line's request is its base's + it
-                    if len(state.recent) == state.recent.maxlen:
-                        self._bytes -= state.recent[0].weight
-                    state.recent.append(Written(record.call_id, record.api, prompt + output, record.request, weight))
-                    self._bytes += weight
-            f.flush()
-            if self.fsync:
-                os.fsync(f.fileno())
+            start = f.tell()
+            try:
+                self._lines(f, state, items)
+                f.flush()
+                if self.fsync:
+                    os.fsync(f.fileno())
+            except BaseException:  # the caller is told these lines failed: none of them may stay behind
+                try:
+                    f.truncate(start)
+                except OSError:
+                    pass
+                raise
             state.size = f.tell()
         return state.path
+
+    def _lines(self, f: Any, state: "_SessionState", items: Sequence[tuple[CallRecord, int | None]]) -> None:
+        """Each record's line into `f`, and what the session remembers of it for later lines."""
+        for record, extends in items:
+            prompt = _vouched(record, extends, state.recent) if extends else None
+            if prompt is None:
+                prompt = id_bytes(record.prompt_ids)
+            share = partial(self._share, record, prompt) if self.shared and prompt is not None else None
+            line = encode_record(record, state.recent, prompt, share)
+            data = dumps_line(line)
+            f.write(data + b"\n")
+            if share is not None:
+                self._remember_first(record, prompt, line, len(data))
+            output = id_bytes(record.output_ids)
+            if prompt is not None and output is not None:
+                base = line.get("request_base") or {}  # a shared base's weight is the shared entry's
+                old = next((w.weight for w in state.recent if w.call_id == base.get("call_id")), 0)
+                weight = len(prompt) + len(output) + old + len(data)  # a delta line's request is its base's + it
+                if len(state.recent) == state.recent.maxlen:
+                    self._bytes -= state.recent[0].weight
+                state.recent.append(Written(record.call_id, record.api, prompt + output, record.request, weight))
+                self._bytes += weight
 
     def _share(self, record: CallRecord, prompt: bytes, own: int) -> tuple[Shared, int] | None:
         """The shared prefix this record's line should refer to, and how many of its ids it takes (a new one is

@@ -218,3 +218,18 @@ def test_a_writer_with_a_memory_bound_forgets_the_least_recent_sessions(tmp_path
         assert writer._bytes <= 200_000 + 60_000  # at most the newest session past the bound
     assert len(writer._sessions) < 10 and ("t", "s9") in writer._sessions
     assert [list(read_capture(tmp_path / "t" / f"s{n}.jsonl"))[0].request for n in range(10)] == [big] * 10
+
+
+def test_a_failed_batch_leaves_none_of_its_lines_and_the_session_goes_on(capture, make_record):
+    """The writer reports every line of a session's batch failed when one fails: none of them stays on disk,
+    so the caller's error record for a call is never a second line with its id."""
+    writer = CaptureWriter(capture, fsync=False)
+    writer.write(make_record([1, 2, 3], [4], call_id="a", session_id="s"))
+    good = make_record([1, 2, 3, 4, 5], [6], call_id="b", session_id="s")
+    bad = make_record([9], [8], call_id="c", session_id="s", request={"model": "m", "x": {1, 2}})  # a set: no JSON
+    results = writer.write_many([(good, None), (bad, None)])
+    assert all(isinstance(r, Exception) for r in results)
+    path = capture / "task" / "s.jsonl"
+    assert [r.call_id for r in read_capture(path)] == ["a"]
+    writer.write(good)
+    assert [r.call_id for r in read_capture(path)] == ["a", "b"]
