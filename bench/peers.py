@@ -54,23 +54,23 @@ def in_namespace() -> None:
 
 
 def proc_tree_cpu_ms(pid: int) -> float:
-    """User + system CPU of a process and its live descendants, in ms."""
-    tick = os.sysconf("SC_CLK_TCK")
+    """User + system CPU of a process and its live descendants, in ms: each process's own CPU clock (ns, every
+    thread, those that ended too), not /proc's 10 ms ticks, which made a window of a few calls a coin toss."""
     children: dict[int, list[int]] = {}
-    stats: dict[int, list[str]] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
-                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
+                ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
                 continue
-            stats[int(entry)] = fields
-            children.setdefault(int(fields[1]), []).append(int(entry))
+            children.setdefault(ppid, []).append(int(entry))
     total, todo = 0.0, [pid]
     while todo:
         p = todo.pop()
-        if p in stats:
-            total += (int(stats[p][11]) + int(stats[p][12])) * 1000 / tick
+        try:
+            total += time.clock_gettime(((~p) << 3) | 2) * 1000  # CPUCLOCK_SCHED of process p (clock_getcpuclockid)
+        except OSError:
+            continue  # it ended
         todo.extend(children.get(p, []))
     return total
 
@@ -172,6 +172,19 @@ def litellm_config(tmp: Path, engine: str) -> Path:
     return cfg
 
 
+@contextmanager
+def litellm_service(tmp: Path, engine: str) -> Iterator[tuple[int, str, str]]:
+    """LiteLLM's proxy in front of `engine`, one worker: (pid, base URL, the key its calls must send)."""
+    port = free_port()
+    key = "sk-bench-" + secrets.token_hex(16)  # LiteLLM refuses to start without a master key
+    env = dict(os.environ, LITELLM_LOCAL_MODEL_COST_MAP="True", LITELLM_TELEMETRY="False",
+               NO_DOCS="True", DISABLE_ADMIN_UI="True", LITELLM_MASTER_KEY=key)
+    cmd = [str(LITELLM), "--config", str(litellm_config(tmp, engine)), "--host", "127.0.0.1",
+           "--port", str(port), "--num_workers", "1"]
+    with service(cmd, port, tmp / "litellm.log", env, timeout=180) as pid:
+        yield pid, f"http://127.0.0.1:{port}", key
+
+
 def run(sizes: dict) -> dict:
     results: dict = {"machine": machine(), "token_delay_ms": TOKEN_DELAY_MS, "rows": [], "ttft_ms": {}}
     chat = "/v1/chat/completions"
@@ -203,16 +216,9 @@ def run(sizes: dict) -> dict:
             results["polar_capture_bytes"] = sum(p.stat().st_size for p in proxy.capture_dir.rglob("*.jsonl"))
 
         if LITELLM.exists():
-            port = free_port()
-            key = "sk-bench-" + secrets.token_hex(16)  # LiteLLM refuses to start without a master key
-            env = dict(os.environ, LITELLM_LOCAL_MODEL_COST_MAP="True", LITELLM_TELEMETRY="False",
-                       NO_DOCS="True", DISABLE_ADMIN_UI="True", LITELLM_MASTER_KEY=key)
-            cmd = [str(LITELLM), "--config", str(litellm_config(tmp, engine)), "--host", "127.0.0.1",
-                   "--port", str(port), "--num_workers", "1"]
-            with service(cmd, port, tmp / "litellm.log", env, timeout=180) as pid:
-                url = f"http://127.0.0.1:{port}{chat}"
-                results["rows"].append(measure("litellm", url, pid, sizes, key))
-                results["ttft_ms"]["litellm"] = asyncio.run(first_token_ms(url, stream_body, sizes["ttft"], key))
+            with litellm_service(tmp, engine) as (pid, url, key):
+                results["rows"].append(measure("litellm", url + chat, pid, sizes, key))
+                results["ttft_ms"]["litellm"] = asyncio.run(first_token_ms(url + chat, stream_body, sizes["ttft"], key))
             results["litellm_version"] = _litellm_version()
         else:
             print(f"peers: LiteLLM skipped: {LITELLM} is not installed (make bench runs bench/setup_litellm.sh)")

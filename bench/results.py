@@ -29,9 +29,10 @@ NOTES = {
              "and streaming time to first token, all against a zero-compute stub engine (bench/peers.py).",
     "captures": "Bytes per session, format 1 vs the linear form, against the floor of every distinct thing "
                 "once (bench/captures.py, docs/captures.md).",
-    "proxy_perf": "The proxy-performance table of issue 30: Polar beside bare mitmdump in one run (tiny and "
-                  "realistic 75 KB bodies, a 100-turn session, streaming), zero-compute stub engine "
-                  "(bench/proxy_perf.py).",
+    "proxy_perf": "The proxy-performance table of issue 30: Polar beside bare mitmdump and LiteLLM in one run "
+                  "(tiny and realistic 75 KB bodies, a 100-turn session, streaming, 1/2/4 proxy processes, a real "
+                  "pi session's capture), zero-compute stub engine (bench/proxy_perf.py); the last row is "
+                  "bench/traj.py's, from the same run.",
     "traj": "Trajectory build from captures: `before` is polar_traj as of the baseline commit, `f1` this "
             "checkout on the same format-1 files, `linear` this checkout on the same sessions in the linear "
             "form (bench/traj.py).",
@@ -121,21 +122,33 @@ def main() -> int:
           "bench/results.json.", ""]
     for name in BENCHES:
         if {"machine", "seconds"} <= report["benches"].get(name, {}).keys():  # entries of an older layout are left out
-            md += section(name, report["benches"][name])
+            md += section(name, report["benches"][name], report)
     write_atomic(BENCH / "results.md", "\n".join(md))
     write_atomic(BENCH / "results.json", json.dumps(report, indent=2) + "\n")
     print(f"wrote {BENCH / 'results.md'} and {BENCH / 'results.json'}")
     return 1 if failed else 0
 
 
-def section(name: str, entry: dict) -> list[str]:
+def section(name: str, entry: dict, report: dict | None = None) -> list[str]:
     m = entry["machine"]
     where = (f"Run {entry['date']} at commit {entry['commit']} in {entry['seconds']:.0f} s on {m['cpu']}, "
              f"{m['cores']} cores, Python {m['python']}, Linux {m['kernel']}, load average {m['load_1min']:.1f} "
              f"at the start.")
-    body = [f"**failed**: {entry['error']}"] if "error" in entry else BENCHES[name][1](entry["results"])
+    if "error" in entry:
+        body = [f"**failed**: {entry['error']}"]
+    elif name == "proxy_perf":  # its table ends with the trajectory-build row, from the traj bench of this run
+        body = proxy_perf.table(entry["results"], _same_run_traj(entry, report or {}))
+    else:
+        body = BENCHES[name][1](entry["results"])
     note = NOTES.get(name) or _docstring(BENCH / f"{name}.py")
     return [f"## {name}", "", note, "", where, "", *body, ""]
+
+
+def _same_run_traj(entry: dict, report: dict) -> list[dict] | None:
+    traj = report.get("benches", {}).get("traj", {})
+    if "results" in traj and traj.get("commit") == entry.get("commit") and traj["date"][:10] == entry["date"][:10]:
+        return traj["results"]
+    return None
 
 
 def _docstring(path: Path) -> str:
