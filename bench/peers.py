@@ -213,7 +213,8 @@ def run(sizes: dict) -> dict:
         with proxy_process(tmp / "polar", engine, MODEL) as proxy:
             results["rows"].append(measure("polar", proxy.base_url + chat, proxy.pid, sizes))
             results["ttft_ms"]["polar"] = asyncio.run(first_token_ms(proxy.base_url + chat, stream_body, sizes["ttft"]))
-            results["polar_capture_bytes"] = sum(p.stat().st_size for p in proxy.capture_dir.rglob("*.jsonl"))
+            results["polar_capture_bytes"] = sum(  # the session files and the shared prefixes in _shared/
+                p.stat().st_size for p in proxy.capture_dir.rglob("*") if p.is_file())
 
         if LITELLM.exists():
             with litellm_service(tmp, engine) as (pid, url, key):
