@@ -61,6 +61,7 @@ def request_headers(flow: http.HTTPFlow) -> dict[str, str]:
         flow.metadata["polar_headers"] = cached
     return cached
 
+
 class Guard:
     def __init__(self) -> None:
         self.hosts = frozenset(PROVIDER_HOSTS)
