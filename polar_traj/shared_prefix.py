@@ -69,15 +69,8 @@ def copy_capture(src: str | os.PathLike, dst: str | os.PathLike, move: bool = Fa
     src, dst = Path(src), Path(dst)
     for shared in shared_files(src):
         target = shared_path(dst, shared.stem)
-        if target.exists() or not shared.is_file():  # a missing one is the reader's to report
-            continue
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = temp_beside(target)
-        try:
-            shutil.copyfile(shared, tmp)
-            os.replace(tmp, target)
-        finally:
-            tmp.unlink(missing_ok=True)
+        if not target.exists() and shared.is_file():  # a missing one is the reader's to report
+            write_shared(target, shared.read_bytes(), fsync=False)
     dst.parent.mkdir(parents=True, exist_ok=True)
     if move:
         shutil.move(src, dst)
