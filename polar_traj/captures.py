@@ -128,6 +128,12 @@ def _common_items(a: list[Any], b: list[Any]) -> int:
     return n
 
 
+def _worth_referring(value: Any) -> bool:
+    """A top-level request value a reference may stand for: a non-empty object or list, or a long string
+    (small values cost less stored than referred to)."""
+    return type(value) in (dict, list) and bool(value) or type(value) is str and len(value) >= 64
+
+
 def request_delta(request: dict[str, Any], base: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]] | None:
     """(request_base without call_id, what this line stores) or None when nothing is shared."""
     same: list[str] = []
@@ -143,7 +149,7 @@ def request_delta(request: dict[str, Any], base: dict[str, Any]) -> tuple[dict[s
                 extend[key], stored[key] = n, value[n:]
             else:
                 stored[key] = value
-        elif (type(value) in (dict, list) and value or type(value) is str and len(value) >= 64) and value == old:
+        elif _worth_referring(value) and value == old:
             same.append(key)
         else:
             stored[key] = value
@@ -162,7 +168,7 @@ def shared_request(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
             n = _common_items(value, old)
             if n:
                 out[key] = value[:n]
-        elif (type(value) is dict and value or type(value) is str and len(value) >= 64) and value == old:
+        elif _worth_referring(value) and value == old:
             out[key] = value
     return out
 
