@@ -62,21 +62,11 @@ class CaptureDecoder:
     def parse(self, line: bytes, payload: bool = True) -> tuple[dict[str, Any], list[int] | None]:
         """The parsed line and the prompt ids parsed from it (format 1: past a recent prompt's text; with
         payload=False, the request is cut out unparsed)."""
-        key = -1 if line.startswith(_LINEAR) else line.find(_PROMPT_KEY)
-        open_ = line.find(b"[", key, key + 20) if key >= 0 else -1
-        close = line.find(b"]", open_) if open_ >= 0 else -1
-        data = None
-        if close >= 0:
-            rest = line[:open_] + b"null" + line[close + 1:]
-            try:
-                data = loads_line(rest if payload else _without_request(rest))
-            except json.JSONDecodeError:
-                data = None  # not valid once cut: parse the line as it is
-        if (not isinstance(data, dict) or "prompt_ids" not in data or data["prompt_ids"] is not None
-                or line.find(_PROMPT_KEY, close) >= 0):
-            data = loads_line(line)  # no array, or "prompt_ids" is not only the record's own: parse it all
+        cut = None if line.startswith(_LINEAR) else without_prompt_ids(line, payload)
+        if cut is None:
+            data = loads_line(line)
             return data, data.get("prompt_ids") if isinstance(data, dict) else None
-        text = line[open_:close + 1]
+        data, text = cut
         ids, stored = self._prompt_text(text)
         data["prompt_ids"] = ids
         return data, stored
@@ -207,6 +197,28 @@ def read_shared(path: Path, digest: str) -> tuple[tuple[int, ...], dict[str, Any
             or max(ids, default=0) > MAX_TOKEN_ID):
         raise ValueError(f"whose file is not a shared prefix of version {SHARED_VERSION}: {path}")
     return tuple(ids), shared["request"]
+
+
+def without_prompt_ids(line: bytes, payload: bool = True) -> tuple[dict[str, Any], bytes] | None:
+    """A format-1 line parsed with its prompt_ids array cut out (null in its place), and that array's text:
+    most of a long session's line, parsed apart or not at all. payload=False: the request is cut out too.
+    None when the cut cannot be trusted (no array right after the key, not JSON once cut, "prompt_ids" is
+    not the null put there, or the key comes again after the array): then parse the whole line."""
+    key = line.find(_PROMPT_KEY)
+    open_ = line.find(b"[", key, key + 20) if key >= 0 else -1
+    if open_ < 0 or line[key + len(_PROMPT_KEY):open_].strip():
+        return None
+    close = line.find(b"]", open_)
+    if close < 0 or line.find(_PROMPT_KEY, close) >= 0:
+        return None
+    rest = line[:open_] + b"null" + line[close + 1:]
+    try:
+        data = loads_line(rest if payload else _without_request(rest))
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(data, dict) or "prompt_ids" not in data or data["prompt_ids"] is not None:
+        return None
+    return data, line[open_:close + 1]
 
 
 def _without_request(line: bytes) -> bytes:

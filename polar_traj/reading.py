@@ -15,13 +15,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from .capture_reader import CaptureDecoder, record_from_dict  # noqa: F401 (record_from_dict: re-exported)
+from .capture_reader import CaptureDecoder, without_prompt_ids
+from .capture_reader import record_from_dict  # noqa: F401 (re-exported)
 from .captures import loads_line
 from .records import CallRecord
 
 SUFFIX = ".jsonl"
 MAX_TOKEN_ID = 2**31 - 1
-_PROMPT_IDS = b'"prompt_ids":'
 
 
 @dataclass(frozen=True)
@@ -70,19 +70,9 @@ class Session:
 
 def _without_prompt(line: bytes) -> dict[str, Any]:
     """A line parsed without its prompt_ids array (most of a long session's format-1 line, and not needed
-    for a payload): the first `"prompt_ids": [...]` is cut out, and the cut line kept only when it parses
-    to a record whose prompt_ids is the null put there (the array was its own); else the whole line is parsed."""
-    key = line.find(_PROMPT_IDS)
-    start = line.find(b"[", key, key + 20) if key >= 0 else -1
-    end = line.find(b"]", start) if start >= 0 and not line[key + len(_PROMPT_IDS):start].strip() else -1
-    if end >= 0:
-        try:
-            data = loads_line(line[:start] + b"null" + line[end + 1:])
-        except ValueError:  # not JSON once cut (a JSONDecodeError is a ValueError)
-            data = None
-        if isinstance(data, dict) and "prompt_ids" in data and data["prompt_ids"] is None:
-            return data
-    return loads_line(line)
+    for a payload), or whole when that cut cannot be trusted."""
+    cut = without_prompt_ids(line)
+    return cut[0] if cut is not None else loads_line(line)
 
 
 def scan(capture_dir: str | os.PathLike, task_id: str | None = None,
