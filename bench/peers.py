@@ -220,13 +220,13 @@ def run(sizes: dict) -> dict:
             with litellm_service(tmp, engine) as (pid, url, key):
                 results["rows"].append(measure("litellm", url + chat, pid, sizes, key))
                 results["ttft_ms"]["litellm"] = asyncio.run(first_token_ms(url + chat, stream_body, sizes["ttft"], key))
-            results["litellm_version"] = _litellm_version()
+            results["litellm_version"] = litellm_version()
         else:
             print(f"peers: LiteLLM skipped: {LITELLM} is not installed (make bench runs bench/setup_litellm.sh)")
     return results
 
 
-def _litellm_version() -> str:
+def litellm_version() -> str:
     found = sorted(LITELLM.parents[1].glob("lib/python*/site-packages/litellm-*.dist-info"))
     return found[0].name.split("-")[1] if found else "?"
 

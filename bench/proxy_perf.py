@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 import aiohttp  # noqa: E402
 
 from bench.captures import floor_bytes  # noqa: E402
-from bench.peers import (LITELLM, MODEL, REPLY, STREAM_TOKENS, TOKEN_DELAY_MS, _litellm_version,  # noqa: E402
+from bench.peers import (LITELLM, MODEL, REPLY, STREAM_TOKENS, TOKEN_DELAY_MS, litellm_version,  # noqa: E402
                          chat_body, closed_loop, first_token_ms, in_namespace, litellm_service, machine, measure,
                          proc_tree_cpu_ms, reply_ids, service)
 from polar_mitm.launch import free_port, proxy_process  # noqa: E402
@@ -203,7 +203,7 @@ def run(sizes: dict) -> dict:
                 res["rows"].append(measure("litellm", url, pid, sizes, key))
                 res["ttft_ms"]["litellm"] = asyncio.run(first_token_ms(url, stream_body, sizes["ttft"], key))
                 res["litellm_first_cpu_ms"] = cpu_ms(pid, url, first_calls(n_first), key)
-            res["litellm_version"] = _litellm_version()
+            res["litellm_version"] = litellm_version()
         else:
             print(f"proxy_perf: LiteLLM skipped: {LITELLM} is not installed (make bench runs bench/setup_litellm.sh)")
         res["scaling"] = scaling(tmp, engine, sizes)
