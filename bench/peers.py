@@ -228,7 +228,7 @@ def run(sizes: dict) -> dict:
 
 def litellm_version() -> str:
     found = sorted(LITELLM.parents[1].glob("lib/python*/site-packages/litellm-*.dist-info"))
-    return found[0].name.split("-")[1] if found else "?"
+    return found[0].name.removesuffix(".dist-info").split("-")[1] if found else "?"
 
 
 def machine() -> dict:
