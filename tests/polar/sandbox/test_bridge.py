@@ -74,7 +74,10 @@ def test_600_connections_cost_no_threads_and_the_excess_is_refused(tmp_path, ech
         for i in range(600):
             s = unix_client(bridge.path)()
             s.settimeout(10)
-            s.sendall(b"ping")
+            try:
+                s.sendall(b"ping")
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # refused and closed before the ping went out (a loaded machine): answer() reads None
             clients.append(s)
         answers = [answer(s) for s in clients]
         assert threading.active_count() - before <= 2  # the bridge's one loop thread
