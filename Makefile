@@ -1,17 +1,22 @@
-# Two commands matter: `make demo` and `make test`. Both set up first (idempotent).
+# Two commands matter: `make demo` and `make test`. Both set up first (idempotent, in layers:
+# scripts/setup.sh demo installs only what the demo runs; all, what the tests need too).
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup demo test bench clean
+.PHONY: setup setup-demo demo test bench clean
 
 setup:
-	@bash scripts/setup.sh
+	@bash scripts/setup.sh all
 
-demo: setup
+setup-demo:
+	@bash scripts/setup.sh demo
+
+demo: setup-demo
 	@$(PY) scripts/demo.py
 
-test: setup
-	@bash scripts/test.sh
+# setup (all) + the suite, each phase timed on the last line (scripts/make_test.sh).
+test:
+	@bash scripts/make_test.sh
 
 # Every bench in one loopback-only namespace -> bench/results.md + bench/results.json (LiteLLM, for
 # bench/peers.py, goes into its own venv under .tools/ first; skipped with a line if it cannot install).

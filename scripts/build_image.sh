@@ -17,7 +17,7 @@ apptainer=$PWD/.tools/apptainer/usr/bin/apptainer
 stamp_want="suite=$suite include=$include script=$(sha256sum "$self" | cut -c1-16)"
 
 if [ -d "$dest/rootfs/usr/bin" ] && [ -f "$dest/image.sif" ] && [ "$(cat "$dest/.built" 2>/dev/null)" = "$stamp_want" ]; then
-  info "up to date ($dest)"
+  up_to_date "$dest"
   exit 0
 fi
 [ -x "$apptainer" ] || die "$apptainer missing (scripts/install_apptainer.sh runs first)"

@@ -39,7 +39,7 @@ fetch_lists() {
   info "package lists for trixie+sid from $mirror (private lists dir .cache/apptainer-dl/lists)"
   net "apt-get update (trixie+sid)" apt-get "${apt_opts[@]}" update
   # apt-get update only warns when a fetch fails: no lists at all means no network.
-  compgen -G "$W/lists/*_Packages*" > /dev/null || { tail -n 5 "$POLAR_ROOT/.cache/net.log" >&2
+  compgen -G "$W/lists/*_Packages*" > /dev/null || { tail -n 5 "$NET_LOG" >&2
     die "could not fetch the trixie/sid package lists from $mirror (network unreachable?)"; }
 }
 
@@ -118,7 +118,7 @@ check_exec() {  # check_exec [RUNNER...]: run the busybox sandbox, network none,
 # Reinstall when the wanted version, the prefix, the host glibc or this script changes.
 stamp_want="apptainer=$want_apptainer prefix=$P glibc=$host_glibc script=$(sha256sum "$self" | cut -c1-16)"
 if [ -x "$P/usr/bin/apptainer" ] && [ "$(cat "$P/.installed" 2>/dev/null)" = "$stamp_want" ]; then
-  info "up to date ($P)"
+  up_to_date "$P"
 else
   install_relocated
 fi

@@ -31,7 +31,7 @@ link_all() {
 }
 mkdir -p "$links"
 if [ -f "$src/package-lock.json" ] && [ "$(cat "$dst/.installed" 2>/dev/null)" = "$(stamp_of)" ]; then
-  link_all; info "up to date ($dst)"; exit 0
+  link_all; up_to_date "$dst"; exit 0
 fi
 
 start=$SECONDS

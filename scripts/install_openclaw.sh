@@ -17,7 +17,7 @@ command -v npm > /dev/null || die "npm is needed"
 version=$(python3 -c "import json; print(json.load(open('$src/package.json'))['dependencies']['openclaw'])")
 stamp_of() { cat "$src/package.json" "$src/package-lock.json" 2>/dev/null | sha256sum | cut -c1-16 || true; }
 if [ -f "$src/package-lock.json" ] && [ -x "$bin" ] && [ "$(cat "$dst/.installed" 2>/dev/null)" = "$(stamp_of)" ]; then
-  info "up to date ($dst)"; exit 0
+  up_to_date "$dst"; exit 0
 fi
 
 start=$SECONDS

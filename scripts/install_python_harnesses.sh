@@ -118,4 +118,7 @@ for i in "${!pids[@]}"; do
   cat ".cache/install-${names[$i]}.log"
 done
 [ ${#failed[@]} -eq 0 ] || die "python harnesses failed: ${failed[*]}"
+fresh=0
+for name in "${names[@]}"; do grep -q ': up to date (' ".cache/install-$name.log" || fresh=$((fresh + 1)); done
+[ "$fresh" -gt 0 ] || step_status skipped
 info "python harnesses ready in $((SECONDS - start)) s"

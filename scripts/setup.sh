@@ -1,39 +1,61 @@
 #!/usr/bin/env bash
-# One-command setup, safe to re-run: venv + package, Redis on 127.0.0.1:6379, bubblewrap,
-# relocated Apptainer (DESIGN.md §6), podman, the six harness CLIs into a project-local npm prefix.
+# One-command setup in two layers, safe to re-run (every step is pinned and skipped when its stamp matches):
+#   demo  what `make demo` needs: the package with its serve extra, the demo's Debian packages, the
+#         polar-sandbox user, Redis on 127.0.0.1:6379, relocated Apptainer (DESIGN.md §6), the task image,
+#         and Pi and Codex into .tools/npm
+#   all   (default; `make setup`, `make test`) everything: also the test and trl extras, Chromium and podman,
+#         the other four npm CLIs, the Python harnesses, OpenClaw and the CLIs of .tools/npm-more
+# Apt runs first and alone (one dpkg lock); then the branches below run at the same time (they mostly wait on
+# the network or the disk); podman last (it needs the venv and the image). Ends with each step's time.
+# Usage: setup.sh [demo|all] [--dry-run]   (--dry-run: list the steps, one per line: serial|parallel, name, command)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib.sh
 
-step "python venv and package"
-bash scripts/setup_python.sh
+layer=all
+for arg; do
+  case $arg in
+    demo|all) layer=$arg ;;
+    --dry-run) DRY_RUN=1 ;;
+    *) die "usage: scripts/setup.sh [demo|all] [--dry-run]" ;;
+  esac
+done
+source scripts/setup_steps.sh
 
-step "system packages"
-bash scripts/setup_apt.sh
+python_branch() {
+  if [ "$layer" = demo ]; then run_step "python venv and package [serve]" bash scripts/setup_python.sh serve
+  else run_step "python venv and package [serve,test,trl]" bash scripts/setup_python.sh serve,test,trl; fi
+}
+npm_branch() {
+  if [ "$layer" = demo ]; then run_step "harness CLIs pi, codex (npm, pinned)" bash scripts/install_harnesses.sh demo
+  else run_step "harness CLIs, all six (npm, pinned)" bash scripts/install_harnesses.sh all; fi
+}
+sandbox_branch() {
+  run_step "apptainer (relocated)" bash scripts/install_apptainer.sh
+  run_step "task image (Debian packages via mmdebstrap, cached)" bash scripts/build_image.sh
+}
+host_branch() {
+  run_step "sandbox user (polar-sandbox)" bash scripts/setup_sandbox_user.sh
+  run_step "redis on 127.0.0.1:6379" bash scripts/setup_redis.sh
+}
+python_harnesses_branch() {
+  run_step "python harnesses (a venv each, pinned)" bash scripts/install_python_harnesses.sh
+}
+openclaw_branch() {  # the more CLIs' Nanocoder runs on OpenClaw's Node.js 24
+  run_step "openclaw (npm, pinned, on its own node)" bash scripts/install_openclaw.sh
+  run_step "more harness CLIs (npm, pinned, own prefix)" bash scripts/install_more_harnesses.sh
+}
 
-step "sandbox user (polar-sandbox)"
-bash scripts/setup_sandbox_user.sh
-
-step "redis on 127.0.0.1:6379"
-bash scripts/setup_redis.sh
-
-step "apptainer (relocated)"
-bash scripts/install_apptainer.sh
-
-step "task image (Debian packages via mmdebstrap, cached)"; bash scripts/build_image.sh
-
-step "podman and the task image as polar-tasks:local"; bash scripts/setup_podman.sh
-
-step "harness CLIs (npm, pinned)"
-bash scripts/install_harnesses.sh
-
-step "python harnesses (a venv each, pinned)"
-bash scripts/install_python_harnesses.sh
-
-step "openclaw (npm, pinned, on its own node)"
-bash scripts/install_openclaw.sh
-
-step "more harness CLIs (npm, pinned, own prefix)"
-bash scripts/install_more_harnesses.sh
-
-step "setup done"
+times_begin
+trap 'times_table "$layer"' EXIT  # the table also when a step fails
+if [ "$layer" = demo ]; then
+  run_step "system packages (demo)" bash scripts/setup_apt.sh demo
+  parallel python_branch npm_branch sandbox_branch host_branch
+else
+  run_step "system packages (all)" bash scripts/setup_apt.sh
+  parallel python_branch npm_branch sandbox_branch host_branch python_harnesses_branch openclaw_branch
+  run_step "podman and the task image as polar-tasks:local" bash scripts/setup_podman.sh
+fi
+trap - EXIT
+times_table "$layer"
+[ "$DRY_RUN" = 1 ] || step "setup done ($layer)"

@@ -14,9 +14,9 @@ pong() { timeout 2 bash -c "exec 3<>/dev/tcp/$host/$port && printf 'PING\r\n' >&
 cache=$PWD/.cache
 sock=$cache/redis.sock
 if pong; then
-  if [ -S "$sock" ]; then info "already answering on $host:$port and $sock"; exit 0; fi
+  if [ -S "$sock" ]; then info "already answering on $host:$port and $sock"; step_status skipped; exit 0; fi
   if [ "$(redis-cli -h "$host" -p "$port" --raw config get unixsocket 2>/dev/null | sed -n 2p)" != "$sock" ]; then
-    info "already answering on $host:$port (not started here: no $sock for loopback-only namespaces)"; exit 0
+    info "already answering on $host:$port (not started here: no $sock for loopback-only namespaces)"; step_status skipped; exit 0
   fi
   info "our redis-server lost its socket $sock (.cache removed?): restarting it"
   redis-cli -h "$host" -p "$port" shutdown nosave > /dev/null 2>&1 || true
@@ -29,7 +29,7 @@ redis-server --bind "$host" --port "$port" --protected-mode yes --save '' --appe
   --daemonize yes --pidfile "$cache/redis.pid" --logfile "$cache/redis.log" --dir "$cache" \
   || die "redis-server did not start; see .cache/redis.log"
 for _ in $(seq 50); do
-  if pong; then info "answering (pid $(cat "$cache/redis.pid" 2>/dev/null || echo '?'))"; exit 0; fi
+  if pong; then step_status started; info "answering (pid $(cat "$cache/redis.pid" 2>/dev/null || echo '?'))"; exit 0; fi
   sleep 0.1
 done
 tail -n 20 "$cache/redis.log" >&2 || true

@@ -14,9 +14,9 @@ if getent passwd "$user" > /dev/null; then
     [ "$(id -u)" = 0 ] || die "user $user has no $shell shell and we are not root to change it"
     usermod --shell "$shell" "$user"
   fi
-  info "user $user exists (uid $(id -u "$user"))"; exit 0
+  info "user $user exists (uid $(id -u "$user"))"; step_status skipped; exit 0
 fi
-[ "$(id -u)" = 0 ] || { info "not root: sandboxes run as $(id -un); no $user user needed"; exit 0; }
+[ "$(id -u)" = 0 ] || { info "not root: sandboxes run as $(id -un); no $user user needed"; step_status skipped; exit 0; }
 useradd --system --user-group --no-create-home --home-dir /nonexistent --shell "$shell" \
   --comment "Polar sandboxes (unprivileged)" "$user" || die "could not create the $user user"
 info "created user $user (uid $(id -u "$user"), gid $(id -g "$user"))"
