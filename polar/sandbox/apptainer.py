@@ -79,6 +79,8 @@ def bind_args(mounts: Mounts, extra_ro: Sequence[tuple[Path, Path]] = ()) -> lis
         args += ["--bind", f"{d}:{d}"]
     for src, dst in mounts.binds:
         args += ["--bind", f"{src}:{dst}"]
+    for src, dst in mounts.ro_binds:
+        args += ["--bind", f"{src}:{dst}:ro"]
     for src, dst in [*read_only_binds(), *extra_ro]:
         args += ["--bind", f"{src}:{dst}:ro"]
     return args

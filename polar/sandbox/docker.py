@@ -252,6 +252,8 @@ def run_args(engine: Engine, mounts: Mounts, who: Identity, limits: Limits, cpus
         args += ["--volume", f"{d}:{d}"]
     for src, dst in mounts.binds:
         args += ["--volume", f"{src}:{dst}"]
+    for src, dst in mounts.ro_binds:
+        args += ["--volume", f"{src}:{dst}:ro"]
     for src, dst in read_only_binds():
         args += ["--volume", f"{src}:{dst}:ro"]
     return args

@@ -61,9 +61,12 @@ class Mounts:
     home: Path
     workspace: Path
     shared: Path  # sockets to the proxy and the CA files
-    # Writable host directories seen at another path (host dir, sandbox path): a Harbor verifier's /tests and
-    # /logs (polar/tasks/harbor.py). The local runtime has no view of its own, so it refuses them.
+    # Writable host directories seen at another path (host dir, sandbox path): a Harbor verifier's /logs
+    # (polar/tasks/harbor.py). The local runtime has no view of its own, so it refuses them and ro_binds.
     binds: tuple[tuple[Path, str], ...] = ()
+    # The same, read-only for every process of the sandbox: a Harbor verifier's /tests, which the agent's code
+    # that the tests import would otherwise rewrite under test.sh (bash reads a script as it runs it).
+    ro_binds: tuple[tuple[Path, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -214,8 +217,9 @@ class LocalRuntime:
         self.limits = limits
 
     def prepare(self, mounts: Mounts, image: str | None = None, instance: str | None = None) -> Sandbox:
-        if mounts.binds:
-            raise SandboxError(f"local runtime: the task needs {', '.join(d for _s, d in mounts.binds)} inside the "
+        if mounts.binds or mounts.ro_binds:
+            named = ', '.join(d for _s, d in (*mounts.binds, *mounts.ro_binds))
+            raise SandboxError(f"local runtime: the task needs {named} inside the "
                                "sandbox, which the host filesystem cannot show; use --runtime bwrap|apptainer|docker")
         if not shutil.which("unshare"):
             raise SandboxError("local runtime: `unshare` (util-linux) not found")
@@ -321,7 +325,8 @@ class BwrapSandbox(_HostSandbox):
                "--tmpfs", "/tmp"]
         for d in parents:
             cmd += ["--tmpfs", d]  # HOME's parent (the run folder) holds only the binds here, read-only
-        binds = [*self.tools[2::3], BRIDGE_IN_SANDBOX, *map(str, own), *(d for _s, d in self.mounts.binds)]
+        binds = [*self.tools[2::3], BRIDGE_IN_SANDBOX, *map(str, own),
+                 *(d for _s, d in (*self.mounts.binds, *self.mounts.ro_binds))]
         for d in _ancestors(binds):  # bwrap would make them 0700, closed to an unprivileged first process
             cmd += ["--perms", "0755", "--dir", d]
         cmd += [*self.tools, "--ro-bind", bridge.__file__, BRIDGE_IN_SANDBOX]
@@ -329,6 +334,8 @@ class BwrapSandbox(_HostSandbox):
             cmd += ["--bind", str(d), str(d)]
         for src, dst in self.mounts.binds:
             cmd += ["--bind", str(src), dst]
+        for src, dst in self.mounts.ro_binds:
+            cmd += ["--ro-bind", str(src), dst]
         for d in ("/", *parents):
             cmd += ["--remount-ro", d]
         return cmd + ["--chdir", str(cwd), "--"] + (self.who.setpriv() if self.who else [])
