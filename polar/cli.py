@@ -16,6 +16,7 @@ SUBCOMMANDS = {
     "submit": "workers.cli",  # also status, batches, cancel, policy, node, nodes
     "report": "polar.report.cli",
     "api": "workers.api.cli",
+    "redteam": "polar.redteam.cli",
 }
 
 
