@@ -14,7 +14,9 @@ covered() { local e; for e in ${extras//,/ }; do [[ ",${have_extras:-}," == *",$
 if [ "${have:-}" = "$want" ] && covered; then up_to_date ".venv, extras ${have_extras}"; exit 0; fi
 [ -x .venv/bin/python ] || python3 -m venv .venv
 info "installing .[${extras}] (torch CPU wheel from local disk, the rest from PyPI)"
-net "pip install" .venv/bin/pip install --disable-pip-version-check -e ".[${extras}]"
+# --no-compile: byte-compiling all 13k files (torch's) costs ~30 s of CPU, a third of the install; Python
+# compiles what it imports on first use instead (.venv stays writable: only .tools is bound into sandboxes).
+net "pip install" .venv/bin/pip install --disable-pip-version-check --no-compile -e ".[${extras}]"
 # Extras installed earlier for the same setup.cfg stay installed (pip removes nothing): keep them listed.
 [ "${have:-}" != "$want" ] || extras=$(tr ',' '\n' <<< "$have_extras,$extras" | sort -u | paste -sd, -)
 echo "$want $extras" > "$stamp"

@@ -42,7 +42,7 @@ parallel() {
     local rc=0
     wait -n -p pid "${!branch_of[@]}" || rc=$?
     b=${branch_of[$pid]}; unset "branch_of[$pid]"
-    sed "s/^/[$b] /" "$SETUP_LOGS/$b.log"
+    sed -e '/^$/d' -e "s/^/[$b] /" "$SETUP_LOGS/$b.log"
     [ "$rc" = 0 ] || failed+=("$b")
   done
   [ ${#failed[@]} -eq 0 ] || { printf 'setup failed: %s (logs: .cache/setup-logs/)\n' "${failed[*]}" >&2; return 1; }
