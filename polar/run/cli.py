@@ -298,7 +298,10 @@ def outcome_summary(result: SampleResult) -> list[str]:
     if result.reason:
         lines.append(f"reason: {result.reason}")
     if result.tampered:
-        lines.append(f"tampered: {', '.join(result.tampered)} (restored before verification)")
+        lines.append(f"tampered: {', '.join(result.tampered)} (dropped before verification)")
+    if result.suspicious:
+        lines.append(f"suspicious: {'; '.join(result.suspicious[:10])}" +
+                     (f" (and {len(result.suspicious) - 10} more)" if len(result.suspicious) > 10 else ""))
     if result.evaluator_output.strip():
         lines.append("evaluator output:")
         lines += [f"  {line}" for line in result.evaluator_output.strip().splitlines()[-15:]]

@@ -35,7 +35,8 @@ from polar.run.local_redis import private_redis
 from polar.run.services import ProxyHandle, new_session
 from polar.run.session import (DEFAULT_CONFDIR, HARNESS_BIN, TOOLS_BIN, EngineConfig, HarnessSetup, capture_files,
                                exec_harness, prepare_harness, shared_dir, start_services, workspace_snapshots)
-from polar.run.summary import WorkspaceTooLarge, build_trajectories, changed_files, count_calls
+from polar.run.summary import CONTENT_FAILURE, WorkspaceTooLarge, build_trajectories, changed_files, count_calls
+from polar.sandbox.occupancy import occupying
 from polar.run.state import SampleState, load_state
 from polar.sandbox.runtime import Sandbox, get_runtime, resolve_runtime
 from polar.tasks.evaluate import Evaluation, EvaluatorCrash, evaluate
@@ -85,7 +86,8 @@ class SampleResult:
     node: str
     runtime: str = ""
     calls: int = 0
-    tampered: list[str] = field(default_factory=list)  # protected paths the agent changed, HOME start-up hooks
+    tampered: list[str] = field(default_factory=list)  # agent changes dropped by the allowlist, HOME start-up hooks
+    suspicious: list[str] = field(default_factory=list)  # "PATH: WHAT": changes reaching for the verifier, flags
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -155,8 +157,9 @@ def run_harness(sample_dir: Path) -> None:
         budget = min(state.task.timeout_s, _session_left(state))
         assert state.harness is not None  # rendered by prepare, which set an outcome otherwise
         try:
-            result = exec_harness(_sandbox(state), state.harness["argv"], state.harness["env"],
-                                  state.mounts, state.proxy, budget, out)
+            with occupying():  # this node's own count of running samples (a verifier's timeout: whose?)
+                result = exec_harness(_sandbox(state), state.harness["argv"], state.harness["env"],
+                                      state.mounts, state.proxy, budget, out)
             state.exit_code, state.timed_out = result.exit_code, result.timed_out
         except Exception as e:  # noqa: BLE001
             state.fail("harness", f"{type(e).__name__}: {e}")
@@ -178,7 +181,8 @@ def evaluate_sample(sample_dir: Path) -> None:
     start = time.monotonic()
     if state.outcome is None and not state.timed_out:
         try:
-            _verify(state, out)
+            with occupying():
+                _verify(state, out)
         except Exception as e:  # noqa: BLE001 - Polar's or the machine's failure, never a reward
             state.fail("evaluator", f"{type(e).__name__}: {e}")
     state.timings["evaluate_s"] = round(time.monotonic() - start, 3)
@@ -203,7 +207,7 @@ def _verify(state: SampleState, out: Path) -> None:
                                 f"{problem.reason}")
         return
     ground = prepare_verify(state.task, out, before, after)
-    state.tampered = list(ground.tampered)
+    state.tampered, state.suspicious = list(ground.tampered), list(ground.suspicious)
     sandbox = get_runtime(state.runtime, limits=state.task.sandbox_limits()).prepare(
         ground.mounts, image=state.task.image, instance=f"polar-verify-{state.sample_id[:33]}-{uuid.uuid4().hex[:6]}")
     state.verify_instance = sandbox.name
@@ -212,6 +216,7 @@ def _verify(state: SampleState, out: Path) -> None:
         result = evaluate(spec, sandbox, ground.mounts, out, summary, min(spec.timeout_s, _session_left(state)),
                           state.task.reward_range)
         state.evaluation = asdict(result)
+        state.suspicious += [f"observer: {flag}" for flag in result.flagged]
     except EvaluatorCrash as e:
         state.evaluation = {"reward": None, "output": e.output, "detail": str(e)}
         state.fail("evaluator", str(e))
@@ -229,9 +234,13 @@ def postrun_sample(sample_dir: Path) -> SampleResult:
              "reward": reward, "group_id": state.group_id, "harness": state.adapter,
              "metadata": {**state.task.metadata, "sample_id": state.sample_id, "task_id": state.task.task_id,
                           "exit_code": state.exit_code, "runtime": state.runtime, "tampered": state.tampered,
-                          **_named_rewards(state)}}
+                          "suspicious": state.suspicious, **_named_rewards(state)}}
+    entry["metadata"] = printable(entry["metadata"])  # names and keys the agent chose: never a failed build
     parquet, build_error = _build(out, files, entry, state.strategy)
-    if build_error and failure is None:
+    if build_error and failure is None and build_error.startswith(CONTENT_FAILURE):
+        # the session's own content broke its rows: the agent's doing, so a trainable 0, never a masked retry
+        reward, reason = 0.0, build_error
+    elif build_error and failure is None:
         status, failure, reason = "error", "infrastructure", build_error
     elif build_error:  # the outcome stands; say why its rows are missing
         reason = f"{reason}; {build_error}"
@@ -245,10 +254,26 @@ def postrun_sample(sample_dir: Path) -> SampleResult:
         state.sample_id, state.task.task_id, state.group_id, state.adapter, resolved.status,
         resolved.failure, reason, resolved.reward, 1.0 if resolved.trainable else 0.0, state.exit_code,
         evaluation.get("output", ""), state.timings, str(parquet) if parquet else None,
-        [str(f) for f in files], state.node, state.runtime, count_calls(files), state.tampered)
+        [str(f) for f in files], state.node, state.runtime, count_calls(files), state.tampered, state.suspicious)
     state.save()
     atomic.write_text(out / RESULT, json.dumps(result.to_dict(), indent=2))
     return result
+
+
+def printable(value: Any) -> Any:
+    """`value` with every string (keys too) encodable as UTF-8: a lone surrogate (a file name that is not UTF-8, a
+    reward.json key) becomes a backslash escape."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+            return value
+        except UnicodeEncodeError:
+            return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(value, dict):
+        return {printable(k): printable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [printable(v) for v in value]
+    return value
 
 
 def _named_rewards(state: SampleState) -> dict[str, Any]:

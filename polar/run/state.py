@@ -56,6 +56,7 @@ class SampleState:
     evaluation: dict[str, Any] | None = None  # polar.tasks.evaluate's result, or the crash
     verify_instance: str | None = None  # the verifier's own sandbox, once it runs
     tampered: list[str] = field(default_factory=list)  # polar.tasks.verify: what the agent did to the verifier
+    suspicious: list[str] = field(default_factory=list)  # polar.tasks.suspicious and the observer's flags
     timings: dict[str, float] = field(default_factory=dict)
     cleaned: dict[str, bool] = field(default_factory=dict)  # session, sandbox: done by cleanup
     cleanup_errors: list[str] = field(default_factory=list)

@@ -169,6 +169,9 @@ def summarize(files: list[Path], parquet: Path, harness: str, status: str, reaso
     return summary, None
 
 
+CONTENT_FAILURE = "trajectories not built from the session's content"
+
+
 def build_trajectories(files: list[Path], parquet: Path, entries: list[dict[str, Any]],
                        whole_dir: bool = False, strategy: str = "prefix_merge") -> tuple[Any, str | None]:
     """Trajectories (prefix_merge, or per_request) of the capture files' sessions (or, with whole_dir, of every session in their
@@ -181,5 +184,7 @@ def build_trajectories(files: list[Path], parquet: Path, entries: list[dict[str,
     selection = Selection(root) if whole_dir else Selection(root, files[0].parent.name, files[0].stem)
     try:
         return build_parquet(selection, parquet, BuildConfig(strategy=strategy), parse_outcomes(entries)), None
-    except (OSError, ValueError) as e:
+    except OSError as e:
         return None, f"trajectories not built: {e}"
+    except ValueError as e:  # UnicodeError included: what the session's own calls and files hold
+        return None, f"{CONTENT_FAILURE}: {e}"

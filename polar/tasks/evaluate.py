@@ -7,40 +7,42 @@ the task's tests staged and a fresh HOME, never where the agent ran.
            `reward_file` (`reward: file`, read on the host without following links)
   files    expected paths (relative to the workspace) and contents (null: must exist): 1.0 when all match
   python   `module:function(workspace: Path, summary: dict)` -> float or {"reward": float, "output": str},
-           run on the host in a child process (`python -m polar.tasks.evaluate`) with the timeout
+           run INSIDE that sandbox by Polar's runner (polar/tasks/observe_child.py) with the image's python3,
+           the module and the .py files beside it copied in, the workspace off sys.path; never in a host process
+  pytest   the task's own test files under Polar's runner and plugin; the reward from per-test outcomes it
+           reports over a socket, judged against the ids taken from the files here (polar/tasks/observer.py)
   harbor   a Harbor task's `bash /tests/test.sh` in that sandbox; the reward from /logs/verifier/reward.txt or
            reward.json (polar/tasks/harbor.py), none = 0
 
 Who failed decides: what the workspace caused (the task's command failing in any way, exit 126/127 included,
-a missing, linked or malformed reward, a timeout on a machine that was not overloaded, a python verifier
-raising) is reward 0 for a sample that completed. EvaluatorCrash is kept for what the host can prove is not the
-agent's: a python verifier that cannot be imported or returns no number, a reward outside the task's
-`reward_range` or not finite, a timeout on an overloaded machine. The sample is then an infrastructure error.
+a missing, linked or malformed reward, a reward outside the task's `reward_range` or not finite, a timeout while
+this node ran no more samples than it has room for, a python verifier raising or dying) is reward 0 for a
+sample that completed. EvaluatorCrash is kept for what the host can prove is not the agent's: a python verifier
+that cannot be imported or returns no number, Polar's runner never starting, a timeout while this node ran
+more samples than OVERLOAD_PER_CORE per core (its own accounting, polar/sandbox/occupancy.py: not the load
+average, which the agent's code can raise). The sample is then an infrastructure error.
 """
 from __future__ import annotations
 
-import argparse
-import importlib
 import json
 import math
 import os
-import sys
-import traceback
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from polar.sandbox.runtime import ExecResult, Mounts, Sandbox, run_group
+from polar.sandbox import occupancy
+from polar.sandbox.runtime import ExecResult, Mounts, Sandbox
 from polar.tasks.spec import DEFAULT_REWARD_RANGE, EvaluatorSpec
 from polar.tasks.verify import AgentFileError, AgentFileMissing, read_beneath
 
 OUTPUT_LIMIT = 20000  # characters of evaluator output kept
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-# A verifier timeout while the 1-minute load average per core is above this is the machine's fault (the sample is
-# masked and retried), below it the workspace's (an endless loop in the agent's code: reward 0). This project's
-# own test suite runs 2 cores near load 15.
-OVERLOAD_PER_CORE = 8.0
-EXIT_IMPORT, EXIT_RAISED, EXIT_NO_NUMBER = 3, 4, 5  # the python verifier's child: who failed
+# A verifier timeout while this node runs more sample stages per core than this (its own count, occupancy.py) is
+# the machine's fault (the sample is masked and retried), otherwise the workspace's (an endless loop in the
+# agent's code: reward 0). This project's own test suite runs several samples at once on 2 cores.
+OVERLOAD_PER_CORE = 4.0
 
 
 class EvaluatorCrash(RuntimeError):
@@ -56,6 +58,7 @@ class Evaluation:
     exit_code: int | None = None
     unscored: str | None = None  # why the reward is a default 0: the verifier gave none (polar/tasks/precheck.py)
     rewards: dict[str, float] | None = None  # a Harbor reward.json: the main reward and its named extras
+    flagged: tuple[str, ...] = ()  # the observer's: why the run looks forged (reward 0; the sample's `suspicious`)
 
 
 def evaluate(spec: EvaluatorSpec, sandbox: Sandbox, mounts: Mounts, out: Path, summary: dict[str, Any],
@@ -68,11 +71,18 @@ def evaluate(spec: EvaluatorSpec, sandbox: Sandbox, mounts: Mounts, out: Path, s
     elif spec.kind == "files":
         result = _files(spec, mounts.workspace)
     else:
-        result = _python(spec, mounts, out, summary, timeout_s)
+        from polar.tasks.observed import run_pytest, run_python  # lazy: the observer's socket machinery
+
+        run = run_pytest if spec.kind == "pytest" else run_python
+        result = run(spec, sandbox, mounts, out, summary, timeout_s)
     low, high = reward_range
     if not (math.isfinite(result.reward) and low <= result.reward <= high):
-        raise EvaluatorCrash(f"reward {result.reward!r} is outside the task's reward_range [{low:g}, {high:g}]",
-                             result.output)
+        # written where the workspace's code could write it (a file, stdout, what a verifier it fed returned):
+        # the host cannot prove it is the verifier's own, so reward 0; precheck still catches a verifier
+        # that gives it on the untouched workspace
+        why = f"reward {result.reward!r} is outside the task's reward_range [{low:g}, {high:g}]"
+        return Evaluation(0.0, result.output + f"\n[polar] {why}: reward 0", result.exit_code, why,
+                          flagged=result.flagged)
     return result
 
 
@@ -91,12 +101,18 @@ def _run_command(argv: list[str], spec: EvaluatorSpec, sandbox: Sandbox, mounts:
     output = (text + _read(stderr))[-OUTPUT_LIMIT:]
     if not result.timed_out:
         return result, text, output, None
-    load = os.getloadavg()[0] / (os.cpu_count() or 1)
-    if load > OVERLOAD_PER_CORE:
-        raise EvaluatorCrash(f"timed out after {timeout_s:g}s on an overloaded machine (load {load:.1f} per "
-                             f"core): {spec.command}", output)
-    return result, text, output, Evaluation(
-        0.0, output + f"\n[polar] the task's command timed out after {timeout_s:g}s: reward 0", None)
+    return result, text, output, verifier_timeout(spec, timeout_s, output)
+
+
+def verifier_timeout(spec: EvaluatorSpec, timeout_s: float, output: str) -> Evaluation:
+    """A verifier's timeout: the machine's (EvaluatorCrash) when this node ran more sample stages than its cores
+    allow, else the workspace's reward 0."""
+    busy, cores = occupancy.running(), occupancy.slots()
+    if busy > OVERLOAD_PER_CORE * cores:
+        raise EvaluatorCrash(f"timed out after {timeout_s:g}s on an overloaded node ({busy} sample stages "
+                             f"running on {cores} cores): {spec.command or spec.python or spec.kind}", output)
+    return Evaluation(0.0, output + f"\n[polar] the task's verifier timed out after {timeout_s:g}s ({busy} "
+                      f"sample stages running on {cores} cores): reward 0", None)
 
 
 def _command(spec: EvaluatorSpec, sandbox: Sandbox, mounts: Mounts, out: Path, timeout_s: float) -> Evaluation:
@@ -168,29 +184,6 @@ def _files(spec: EvaluatorSpec, workspace: Path) -> Evaluation:
     return Evaluation(1.0 if ok else 0.0, "\n".join(lines))
 
 
-def _python(spec: EvaluatorSpec, mounts: Mounts, out: Path, summary: dict[str, Any], timeout_s: float) -> Evaluation:
-    summary_file, result_file = out / "evaluator.summary.json", out / "evaluator.result.json"
-    summary_file.write_text(json.dumps(summary, indent=2))
-    result_file.unlink(missing_ok=True)
-    stdout, stderr = out / "evaluator.stdout", out / "evaluator.stderr"
-    # -s: no user site of the host's HOME; the verifier's own modules come from the project (PYTHONPATH).
-    cmd = [sys.executable, "-s", "-m", "polar.tasks.evaluate", spec.python or "", str(mounts.workspace),
-           str(summary_file), str(result_file)]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))}
-    result = run_group(cmd, env, out, timeout_s, stdout, stderr, None)
-    output = (_read(stdout) + _read(stderr))[-OUTPUT_LIMIT:]
-    if result.timed_out:
-        raise EvaluatorCrash(f"{spec.python} timed out after {timeout_s:g}s", output)
-    if result.exit_code == EXIT_RAISED:  # it raised on the agent's files: the workspace's failure
-        why = f"{spec.python} raised on the workspace"
-        return Evaluation(0.0, output + f"\n[polar] {why}: reward 0", EXIT_RAISED, why)
-    if result.exit_code != 0 or not result_file.is_file():
-        last = output.strip().splitlines()[-1] if output.strip() else f"exit {result.exit_code}"
-        raise EvaluatorCrash(f"{spec.python} failed: {last}", output)
-    data = json.loads(result_file.read_text())
-    return Evaluation(data["reward"], (data.get("output") or "") + output, 0)
-
-
 def _read(path: Path) -> str:
     """The tail of an output file: the workspace's code may have printed gigabytes."""
     if not path.exists():
@@ -198,34 +191,3 @@ def _read(path: Path) -> str:
     with path.open("rb") as f:
         f.seek(max(0, f.seek(0, os.SEEK_END) - 4 * OUTPUT_LIMIT))  # UTF-8: at most 4 bytes a character
         return f.read().decode(errors="replace")
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Child process of the python evaluator: import, call, write {"reward", "output"} as JSON."""
-    p = argparse.ArgumentParser(prog="python -m polar.tasks.evaluate")
-    p.add_argument("target")
-    p.add_argument("workspace", type=Path)
-    p.add_argument("summary", type=Path)
-    p.add_argument("result", type=Path)
-    args = p.parse_args(argv)
-    module, _, name = args.target.partition(":")
-    try:
-        func = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError) as e:
-        print(f"{args.target}: {type(e).__name__}: {e}", file=sys.stderr)
-        return EXIT_IMPORT
-    try:
-        value = func(args.workspace, json.loads(args.summary.read_text()))
-    except Exception:  # noqa: BLE001 - the verifier met something in the workspace it could not take
-        traceback.print_exc()
-        return EXIT_RAISED
-    reward, output = (value.get("reward"), str(value.get("output", ""))) if isinstance(value, dict) else (value, "")
-    if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
-        print(f"{args.target} returned {value!r}: expected a finite number or {{'reward': number}}", file=sys.stderr)
-        return EXIT_NO_NUMBER
-    args.result.write_text(json.dumps({"reward": float(reward), "output": output}))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -11,6 +11,8 @@ read as they are into our TaskSpec.
   tests/          test.sh and what it needs: staged at /tests of the verify sandbox only, after the agent finished;
                   it writes /logs/verifier/reward.txt (a number) or reward.json ({"reward": main, extras...})
   solution/       solve.sh, never shown to the agent; `polar run --task DIR --oracle` runs it instead of a harness
+  [polar] submit  (a Polar addition) workspace globs of NEW files the agent's work may add; the files the
+                  workspace held before the run may always be changed or deleted (polar/tasks/allow.py)
 
 The task id is the directory's name. Every error is one line naming the file and the field.
 """
@@ -25,7 +27,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from polar.tasks.task import SESSION_MARGIN_S, TESTS_AT, EvaluatorSpec, TaskError, TaskSpec
+from polar.tasks.task import SESSION_MARGIN_S, TESTS_AT, EvaluatorSpec, Submit, TaskError, TaskSpec
 from polar.tasks.verify import AgentFileError, AgentFileMissing, read_beneath
 from polar_traj.records import check_id
 
@@ -98,7 +100,16 @@ def load_harbor_task(task_dir: Path) -> TaskSpec:
                     _image(task_dir, env, fail), None,
                     EvaluatorSpec("harbor", command=" ".join(TEST_COMMAND), timeout_s=verify_timeout),
                     timeout, timeout + verify_timeout + SESSION_MARGIN_S, MappingProxyType(meta), tests.resolve(),
-                    memory_mb=memory, cpus=cpus)
+                    memory_mb=memory, cpus=cpus, submit=_submit(_table(config, "polar", fail), fail))
+
+
+def _submit(polar: Mapping[str, Any], fail: Any) -> Submit:
+    """Harbor's default allowlist: the workspace's own files, plus new files matching `[polar] submit`."""
+    globs = polar.get("submit", [])
+    if not isinstance(globs, list) or not all(isinstance(g, str) and g.strip() and not g.startswith("/")
+                                              and ".." not in Path(g).parts for g in globs):
+        raise fail("polar.submit", f"expected a list of workspace globs, got {globs!r}")
+    return Submit(tuple(globs), existing=True)
 
 
 def _table(config: Mapping[str, Any], key: str, fail: Any) -> dict[str, Any]:

@@ -12,14 +12,13 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import tarfile
 import threading
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from polar.sandbox.identity import copy_without_privileges
 from polar.sandbox.runtime import get_runtime
+from polar.tasks.allow import pristine
 from polar.tasks.evaluate import Evaluation, EvaluatorCrash, evaluate
 from polar.tasks.spec import TaskSpec
 from polar.tasks.verify import prepare_verify
@@ -88,14 +87,3 @@ def _run_check(task: TaskSpec, runtime: str, scratch: Path) -> VerifierProblem |
         shutil.rmtree(scratch, ignore_errors=True)
     why = unscorable(result)
     return VerifierProblem(why, result.output) if why else None
-
-
-def pristine(workspace: Path | None, dest: Path) -> None:
-    """The task's starting workspace, as a sample's sandbox gets it (a directory or a .tar.gz)."""
-    if workspace is None:
-        dest.mkdir()
-    elif workspace.is_dir():
-        copy_without_privileges(workspace, dest)  # holes stay holes: a task may ship a large sparse file
-    else:
-        with tarfile.open(workspace, "r:gz") as tar:
-            tar.extractall(dest, filter="data")

@@ -6,8 +6,9 @@ Apptainer SIF or sandbox directory, an OCI image for the docker runtime, or `hos
 adapter (optional: the batch's default otherwise), evaluator, timeout_s (the agent's budget), session_timeout_s
 (the whole sample), metadata (free-form, carried into the trajectory table); for verification
 (polar/tasks/verify.py): tests (a directory staged over the final workspace copy, never shown to the agent),
-protected (workspace globs restored before verification and flagged when changed), reward_range (default [0, 1]);
-max_calls (the session's LLM call cap). Relative paths are relative to the task file.
+protected (workspace globs the agent may never change), submit (what the agent's work may contribute: workspace
+globs, or {files, existing, binary}; none: the files the workspace already has, with one warning line; see
+polar/tasks/allow.py), reward_range (default [0, 1]); max_calls (the session's LLM call cap). Relative paths are relative to the task file.
 Every error is one line: "FILE:LINE: FIELD: problem".
 """
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -25,16 +27,20 @@ import yaml
 # the task's values live in polar/tasks/task.py; callers import them from here too
 from polar.tasks.harbor import load_harbor
 from polar.tasks.task import (DEFAULT_EVAL_TIMEOUT_S, DEFAULT_MAX_CALLS, DEFAULT_REWARD_RANGE,  # noqa: F401
-                              DEFAULT_TIMEOUT_S, SESSION_MARGIN_S, EvaluatorSpec, TaskError, TaskSpec)
+                              DEFAULT_TIMEOUT_S, SESSION_MARGIN_S, EvaluatorSpec, Submit, TaskError, TaskSpec)
 from polar_traj.records import check_id
 
 TASK_KEYS = ("task_id", "instruction", "workspace", "image", "adapter", "evaluator", "timeout_s",
-             "session_timeout_s", "metadata", "tests", "protected", "reward_range", "max_calls")
-EVALUATOR_KINDS = ("command", "files", "python")
+             "session_timeout_s", "metadata", "tests", "protected", "reward_range", "max_calls", "submit")
+EVALUATOR_KINDS = ("command", "files", "python", "pytest")
 REWARD_SOURCES = ("exit", "stdout", "file")
 EVALUATOR_KEYS = {"command": {"command", "reward", "reward_file", "timeout_s"},
                   "files": {"files", "timeout_s"},
-                  "python": {"python", "timeout_s"}}
+                  "python": {"python", "timeout_s"},
+                  "pytest": {"pytest", "timeout_s"}}
+SUBMIT_KEYS = ("files", "existing", "binary")
+NO_SUBMIT_WARNING = ("polar: {file}: {tasks} declare(s) no `submit:`: the agent may change or delete only the files "
+                     "the workspace already has, and add none (docs/tasks.md \"submit\")")
 _PY_TARGET = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
 
 
@@ -70,6 +76,9 @@ def load_tasks(path: str | Path) -> list[TaskSpec]:
         tasks.append(task)
     if not tasks:
         raise TaskError(f"{path}:1: tasks: the file holds no task")
+    bare = [t.task_id for t in tasks if t.submit is None]
+    if bare:  # one line per file, however many tasks lack it
+        print(NO_SUBMIT_WARNING.format(file=path, tasks=", ".join(bare)), file=sys.stderr, flush=True)
     return tasks
 
 
@@ -153,11 +162,15 @@ def _parse_task(raw: Any, where: _Where, base: Path) -> TaskSpec:
     adapter = raw.get("adapter")
     if adapter is not None:
         adapter = _text(adapter, "adapter", where)
+    tests = _tests(raw.get("tests"), where, base)
+    if evaluator.kind == "pytest":
+        _check_test_files(evaluator.pytest, tests, where)
     return TaskSpec(task_id, instruction, _workspace(raw.get("workspace"), where, base),
                     _image(raw.get("image", "host"), where, base), adapter, evaluator, timeout, session,
-                    MappingProxyType(dict(metadata)), _tests(raw.get("tests"), where, base),
+                    MappingProxyType(dict(metadata)), tests,
                     _globs(raw.get("protected"), where), _range(raw.get("reward_range"), where),
-                    _count(raw.get("max_calls", DEFAULT_MAX_CALLS), "max_calls", where))
+                    _count(raw.get("max_calls", DEFAULT_MAX_CALLS), "max_calls", where),
+                    submit=_submit(raw.get("submit"), where))
 
 
 def _text(value: Any, key: str, where: _Where) -> str:
@@ -190,15 +203,48 @@ def _tests(value: Any, where: _Where, base: Path) -> Path | None:
     return path.resolve()
 
 
-def _globs(value: Any, where: _Where) -> tuple[str, ...]:
+def _globs(value: Any, where: _Where, key: str = "protected") -> tuple[str, ...]:
     if value is None:
         return ()
     if not isinstance(value, list) or not all(isinstance(g, str) and g.strip() for g in value):
-        raise where.fail("protected", f"expected a list of workspace globs, got {value!r}")
+        raise where.fail(key, f"expected a list of workspace globs, got {value!r}")
     bad = [g for g in value if g.startswith("/") or ".." in Path(g).parts]
     if bad:
-        raise where.fail("protected", f"{bad[0]!r}: globs are relative to the workspace, inside it")
+        raise where.fail(key, f"{bad[0]!r}: globs are relative to the workspace, inside it")
     return tuple(value)
+
+
+def _submit(value: Any, where: _Where) -> Submit | None:
+    """`submit: [globs]` or `submit: {files: [globs], existing: bool, binary: bool}`; absent: None (the default)."""
+    if value is None:
+        return None
+    if isinstance(value, list):
+        return Submit(_globs(value, where, "submit"))
+    if not isinstance(value, dict):
+        raise where.fail("submit", f"expected a list of workspace globs or a mapping, got {value!r}")
+    unknown = sorted(set(map(str, value)) - set(SUBMIT_KEYS))
+    if unknown:
+        raise where.fail(f"submit.{unknown[0]}", f"unknown (known: {', '.join(SUBMIT_KEYS)})")
+    flags = {k: value.get(k, False) for k in ("existing", "binary")}
+    for k, v in flags.items():
+        if not isinstance(v, bool):
+            raise where.fail(f"submit.{k}", f"expected true or false, got {v!r}")
+    return Submit(_globs(value.get("files"), where, "submit.files"), flags["existing"], flags["binary"])
+
+
+def _check_test_files(files: tuple[str, ...], tests: Path | None, where: _Where) -> None:
+    """A pytest evaluator's files are the task's own: under `tests:`, each holding at least one test."""
+    from polar.tasks.observer import expected_tests  # lazy: ast only, but keeps spec.py's imports small
+
+    if tests is None:
+        raise where.fail("evaluator.pytest", "a pytest evaluator runs the task's own test files: set `tests:`")
+    for rel in files:
+        try:
+            if not expected_tests(tests, rel):
+                raise where.fail("evaluator.pytest", f"{rel}: no test function in it (test* functions, "
+                                                     "Test* classes' test* methods)")
+        except (OSError, SyntaxError, UnicodeDecodeError) as e:
+            raise where.fail("evaluator.pytest", f"{rel}: cannot read it under {tests}: {e}") from e
 
 
 def _range(value: Any, where: _Where) -> tuple[float, float]:
@@ -257,6 +303,15 @@ def _parse_evaluator(raw: Any, where: _Where) -> EvaluatorSpec:
         if bad:
             raise where.fail("evaluator.files", f"{bad[0]!r}: paths are relative to the workspace, inside it")
         return EvaluatorSpec("files", files=MappingProxyType(dict(files)), timeout_s=timeout)
+    if kind == "pytest":
+        files = raw["pytest"]
+        files = [files] if isinstance(files, str) else files
+        if not isinstance(files, list) or not files or not all(isinstance(f, str) and f.strip() for f in files):
+            raise where.fail("evaluator.pytest", f"expected a list of test files relative to `tests:`, got {files!r}")
+        bad = [f for f in files if Path(f).is_absolute() or ".." in Path(f).parts]
+        if bad:
+            raise where.fail("evaluator.pytest", f"{bad[0]!r}: paths are relative to `tests:`, inside it")
+        return EvaluatorSpec("pytest", pytest=tuple(files), timeout_s=timeout)
     target = raw["python"]
     if not isinstance(target, str) or not _PY_TARGET.fullmatch(target):
         raise where.fail("evaluator.python", f"expected module:function, got {target!r}")

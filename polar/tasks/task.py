@@ -23,24 +23,49 @@ class TaskError(ValueError):
 
 
 @dataclass(frozen=True)
+class Submit:
+    """What the agent's work may contribute to verification (polar/tasks/allow.py, docs/tasks.md "submit").
+    Every other change it made is dropped before the verifier runs, and named in `tampered`."""
+
+    globs: tuple[str, ...] = ()  # workspace globs (the syntax of `protected`) the agent may add, change, delete
+    existing: bool = False  # also every file the task's pristine workspace already holds (change or delete)
+    binary: bool = False  # compiled or binary files (.so, .pyc, ELF, NUL bytes) may come in
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"files": list(self.globs), "existing": self.existing, "binary": self.binary}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> Submit | None:
+        if data is None:
+            return None
+        return cls(tuple(data.get("files") or ()), bool(data.get("existing")), bool(data.get("binary")))
+
+
+DEFAULT_SUBMIT = Submit(existing=True)  # a task without `submit:`: edit the files it has, add nothing
+
+
+@dataclass(frozen=True)
 class EvaluatorSpec:
     """How a finished sample is scored (polar/tasks/evaluate.py)."""
 
-    kind: str  # command | files | python | harbor (a Harbor task's tests/test.sh, polar/tasks/harbor.py)
+    kind: str  # command | files | python | pytest | harbor (a Harbor task's tests/test.sh, polar/tasks/harbor.py)
     command: str | None = None  # kind command: a shell line, run in the sandbox's workspace
     reward: str = "exit"  # kind command: exit (1.0 for exit 0 else 0.0) | stdout (last line) | file
     reward_file: str = "reward.txt"  # kind command, reward file: relative to the workspace
     files: Mapping[str, str | None] = field(default_factory=lambda: MappingProxyType({}))  # path -> text|None
     python: str | None = None  # kind python: module:function(workspace: Path, summary: dict) -> float|dict
     timeout_s: float = DEFAULT_EVAL_TIMEOUT_S
+    pytest: tuple[str, ...] = ()  # kind pytest: the task's test files, relative to `tests:` (polar/tasks/observer.py)
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "command": self.command, "reward": self.reward, "reward_file": self.reward_file,
-                "files": dict(self.files), "python": self.python, "timeout_s": self.timeout_s}
+                "files": dict(self.files), "python": self.python, "timeout_s": self.timeout_s,
+                "pytest": list(self.pytest)}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> EvaluatorSpec:
-        return cls(**{**data, "files": MappingProxyType(dict(data.get("files") or {}))})
+        return cls(**{**data, "files": MappingProxyType(dict(data.get("files") or {})),
+                      "pytest": tuple(data.get("pytest") or ())})
 
 
 @dataclass(frozen=True)
@@ -60,6 +85,11 @@ class TaskSpec:
     max_calls: int = DEFAULT_MAX_CALLS
     memory_mb: int | None = None  # a Harbor task's [environment] resources; None: the node's sandbox limits
     cpus: float | None = None
+    submit: Submit | None = None  # what the agent's work may contribute; None: DEFAULT_SUBMIT
+
+    @property
+    def allowed(self) -> Submit:
+        return self.submit or DEFAULT_SUBMIT
 
     def sandbox_limits(self) -> Limits:
         """The limits of this task's sandboxes: the node's defaults, with the task's memory and CPUs."""
@@ -73,7 +103,7 @@ class TaskSpec:
                 "session_timeout_s": self.session_timeout_s, "metadata": dict(self.metadata),
                 "tests": str(self.tests) if self.tests else None, "protected": list(self.protected),
                 "reward_range": list(self.reward_range), "max_calls": self.max_calls, "memory_mb": self.memory_mb,
-                "cpus": self.cpus}
+                "cpus": self.cpus, "submit": self.submit.to_dict() if self.submit else None}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TaskSpec:
@@ -83,4 +113,5 @@ class TaskSpec:
                    MappingProxyType(dict(data.get("metadata") or {})),
                    Path(data["tests"]) if data.get("tests") else None, tuple(data.get("protected") or ()),
                    tuple(data.get("reward_range") or DEFAULT_REWARD_RANGE),  # type: ignore[arg-type]
-                   int(data.get("max_calls") or DEFAULT_MAX_CALLS), data.get("memory_mb"), data.get("cpus"))
+                   int(data.get("max_calls") or DEFAULT_MAX_CALLS), data.get("memory_mb"), data.get("cpus"),
+                   Submit.from_dict(data.get("submit")))

@@ -1,11 +1,13 @@
 """The ground a verifier stands on (DESIGN.md §10, docs/tasks.md "Verification"): nothing the agent wrote may
 decide its reward.
 
-After the harness exited and its sandbox is gone, `prepare_verify` builds `<sample>/verify/`: a copy of the final
-workspace (links kept as links, no setuid/setgid bit), the task's protected files put back as they were given, the
-task's own `tests:` staged over it, and a fresh HOME. The evaluator then runs there, in a new sandbox. What the
-agent changed among the protected paths, and the Python start-up hooks it left in its HOME, come back as
-`tampered`: the cheap, always-on sign of a policy going for the verifier instead of the task.
+After the harness exited and its sandbox is gone, `prepare_verify` builds `<sample>/verify/`: the task's
+**pristine** workspace with only the agent's allowed changes applied (`submit:`, polar/tasks/allow.py), the
+task's own `tests:` staged over it, and a fresh HOME. The evaluator then runs there, in a new sandbox. Every
+change the agent made outside the allowlist, and the Python start-up hooks it left in its HOME, come back as
+`tampered`; changes that reach for the verifier (process exit, atexit, pytest internals, import hooks, compiled
+files: polar/tasks/suspicious.py) as `suspicious`, kept or not. Both are the cheap, always-on sign of a policy
+going for the verifier instead of the task.
 
 `read_beneath` is how the host reads a file the agent may have shaped: one directory at a time by descriptor,
 never through a symlink, regular files only, size-capped.
@@ -16,18 +18,18 @@ import os
 import re
 import shutil
 import stat
-import tarfile
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from polar.sandbox.identity import copy_without_privileges, drop_privilege_bits
+from polar.sandbox.identity import copy_without_privileges
 from polar.sandbox.runtime import Mounts
 from polar.tasks.task import LOGS_AT, TESTS_AT, TaskSpec
 
 READ_LIMIT = 1 << 20  # bytes of an agent-made file the host reads at most
 HOME_HOOKS = ("usercustomize.py", "sitecustomize.py")  # run by any python that sees a user site
 HOOK_SUFFIXES = (".pth",)  # lines starting with `import` run at start-up from a site-packages folder
+LISTED = 100  # dropped changes named one by one at most (an agent may leave a million files)
 
 
 class AgentFileError(ValueError):
@@ -40,31 +42,36 @@ class AgentFileMissing(AgentFileError):
 
 @dataclass(frozen=True)
 class VerifyGround:
-    mounts: Mounts  # the verifier's HOME, workspace copy and an empty socket folder
-    tampered: tuple[str, ...]  # workspace paths restored or overwritten, and ~/… start-up hooks
+    mounts: Mounts  # the verifier's HOME, workspace (pristine + allowed changes + tests) and an empty socket folder
+    tampered: tuple[str, ...]  # agent changes dropped (workspace paths), and ~/… start-up hooks
+    suspicious: tuple[str, ...] = ()  # "PATH: WHAT" for changes that reach for the verifier (suspicious.py)
 
 
 def prepare_verify(task: TaskSpec, out: Path, before: dict[str, str], after: dict[str, str]) -> VerifyGround:
-    """Build `out/verify` from the final workspace `out/workspace`. `before` and `after` are the workspace's
-    snapshots (relative path -> digest) at the harness's start and end: they say which protected paths changed."""
+    """Build `out/verify` from the task's pristine workspace and the agent's final one, `out/workspace`.
+    `before` and `after` are the workspace's snapshots (relative path -> digest) at the harness's start and end:
+    a path alike in both was not the agent's doing (a file the harness wrote), so it is left out unnamed."""
+    from polar.tasks.allow import apply_submission, shown
+    from polar.tasks.suspicious import scan_changes
+
     root = out / "verify"
-    shutil.rmtree(root, ignore_errors=True)  # a retried stage starts from the final workspace again
+    shutil.rmtree(root, ignore_errors=True)  # a retried stage starts from the pristine workspace again
     workspace, home, shared = root / "workspace", root / "home", root / "shared"
-    _copy_final(out / "workspace", workspace)
     for d in (home / ".tmp", shared):
         d.mkdir(parents=True)
     harbor = task.evaluator.kind == "harbor"  # its tests go to /tests, its reward to /logs (not the workspace)
     staged = _files_under(task.tests) if task.tests and not harbor else []
-    guarded = (*task.protected, *staged)
-    tampered = sorted(p for p in set(before) | set(after) if before.get(p) != after.get(p) and _guarded(p, guarded))
-    if tampered:
-        _restore(task, workspace, [p for p in tampered if p in before], [p for p in tampered if p not in before],
-                 root / "original")
+    untouched = {p for p, digest in before.items() if after.get(p) == digest}
+    submission = apply_submission(task, out / "workspace", workspace, staged, untouched)
     for rel in staged:
         _put(task.tests / rel, workspace, rel)
-    hooks = [f"~/{p}" for p in home_hooks(out / "home")]
+    dropped = list(submission.dropped)
+    if len(dropped) > LISTED:
+        dropped = [*dropped[:LISTED], f"... and {len(dropped) - LISTED} more"]
+    hooks = [f"~/{shown(p)}" for p in home_hooks(out / "home")]
+    suspicious = scan_changes(out / "workspace", submission) + [f"{h}: Python start-up hook" for h in hooks]
     return VerifyGround(Mounts(home, workspace, shared, _harbor_binds(task, root) if harbor else ()),
-                        tuple(tampered + hooks))
+                        tuple(dropped + hooks), tuple(suspicious))
 
 
 def _harbor_binds(task: TaskSpec, root: Path) -> tuple[tuple[Path, str], ...]:
@@ -75,24 +82,6 @@ def _harbor_binds(task: TaskSpec, root: Path) -> tuple[tuple[Path, str], ...]:
     tests.mkdir(exist_ok=True)
     (logs / "verifier").mkdir(parents=True)
     return (tests, TESTS_AT), (logs, LOGS_AT)
-
-
-def _copy_final(src: Path, dst: Path) -> None:
-    """The final workspace as far as it copies: what the agent left that cannot be (a FIFO, a socket, a file
-    it made unreadable) is simply not there, so it cannot turn its own failure into the host's."""
-    try:
-        copy_without_privileges(src, dst)
-    except shutil.Error:
-        drop_privilege_bits([dst])  # the copy stopped before doing it
-    dst.mkdir(parents=True, exist_ok=True)
-    # Compiled Python is dropped: a .pyc planted for the task's own test files would run instead of them.
-    for dirpath, dirs, files in os.walk(dst):
-        if "__pycache__" in dirs:
-            dirs.remove("__pycache__")
-            shutil.rmtree(Path(dirpath) / "__pycache__")
-        for name in files:
-            if name.endswith((".pyc", ".pyo")):
-                (Path(dirpath) / name).unlink()
 
 
 def home_hooks(home: Path) -> list[str]:
@@ -165,22 +154,6 @@ def _glob(pattern: str) -> re.Pattern[str]:
         else:
             out, i = out + re.escape(pattern[i]), i + 1
     return re.compile(out.rstrip("/") + "(?:/.*)?")
-
-
-def _restore(task: TaskSpec, workspace: Path, changed: list[str], added: list[str], scratch: Path) -> None:
-    """Put back the protected files the agent changed or removed, as the task gave them; drop those it added."""
-    source = task.workspace
-    if source is not None and not source.is_dir():  # a .tar.gz: unpack the original once
-        with tarfile.open(source, "r:gz") as tar:
-            tar.extractall(scratch, filter="data")
-        source = scratch
-    for rel in added:
-        _clear(workspace, rel)
-    for rel in changed:
-        if source is not None and (source / rel).is_file():
-            _put(source / rel, workspace, rel)
-        else:
-            _clear(workspace, rel)
 
 
 def _put(src: Path, workspace: Path, rel: str) -> None:

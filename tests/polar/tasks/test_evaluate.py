@@ -2,6 +2,7 @@
 rewards, expected files, python verifiers; whatever cannot give a reward raises EvaluatorCrash."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from types import MappingProxyType
 from typing import Iterator
@@ -57,21 +58,24 @@ def test_reward_from_stdout_and_file(box, tmp_path) -> None:
     (EvaluatorSpec("command", command="no-such-verifier --run"), None),  # exit 127: reward exit says 0
     (EvaluatorSpec("command", command="exit 127", reward="stdout"), "exited 127"),
     (EvaluatorSpec("python", python="tests.polar.tasks.task_evaluators:crash"), "raised on the workspace"),
+    # a reward out of range or not finite, where the workspace's code could have put it (issue 40 item 5)
+    (EvaluatorSpec("command", command="echo 1e308", reward="stdout"), r"reward 1e+308 is outside"),
+    (EvaluatorSpec("command", command="echo nan", reward="stdout"), "reward nan is outside"),
+    (EvaluatorSpec("command", command="echo 32768 > r.txt", reward="file", reward_file="r.txt"), "reward 32768.0 is"),
+    (EvaluatorSpec("python", python="tests.polar.tasks.task_evaluators:seven"), "reward 7.0 is outside"),
 ])
 def test_the_workspaces_failures_score_zero(box, tmp_path, spec: EvaluatorSpec, why: str | None) -> None:
     """What the workspace caused is a reward of 0, never a crash the agent could choose to be masked by."""
     result = score(box, spec, tmp_path)
     assert result.reward == 0.0
     assert why is None or why in result.output
+    assert why is None or "outside" not in why or why in (result.unscored or "")  # precheck still sees it
 
 
 @pytest.mark.parametrize("spec,message", [
     (EvaluatorSpec("python", python="tests.polar.no_such_module:score"), "No module named"),
     (EvaluatorSpec("python", python="tests.polar.tasks.task_evaluators:no_such_function"), "no_such_function"),
     (EvaluatorSpec("python", python="tests.polar.tasks.task_evaluators:no_number"), "expected a finite number"),
-    (EvaluatorSpec("command", command="echo 1e308", reward="stdout"), r"reward 1e\+308 is outside"),
-    (EvaluatorSpec("command", command="echo nan", reward="stdout"), "reward nan is outside"),
-    (EvaluatorSpec("command", command="echo 32768 > r.txt", reward="file", reward_file="r.txt"), "reward 32768.0 is"),
 ])
 def test_the_verifiers_own_failures_crash(box, tmp_path, spec: EvaluatorSpec, message: str) -> None:
     with pytest.raises(EvaluatorCrash, match=message):
@@ -102,15 +106,22 @@ def test_a_symlinked_reward_file_scores_zero(box, tmp_path) -> None:
         link.unlink()
 
 
-def test_command_timeout_scores_zero_unless_the_machine_is_overloaded(box, tmp_path, monkeypatch) -> None:
-    """A verifier that hangs on the workspace's code is reward 0; the same timeout above the stated load bound
-    is the machine's failure (the bound is moved here, so the test does not depend on this machine's load)."""
-    monkeypatch.setattr(evaluate_mod, "OVERLOAD_PER_CORE", float("inf"))
+def test_command_timeout_scores_zero_unless_the_node_is_overloaded(box, tmp_path, monkeypatch) -> None:
+    """A verifier that hangs on the workspace's code is reward 0, whatever the load average says (the agent's
+    code can raise it); the same timeout while the node runs more sample stages than its bound allows (its own
+    count, polar/sandbox/occupancy.py) is the machine's failure."""
+    from polar.sandbox import occupancy
+
+    monkeypatch.setattr(occupancy, "FOLDER", tmp_path / "occupancy")
+    monkeypatch.setattr(os, "getloadavg", lambda: (1000.0, 1000.0, 1000.0))  # not what decides
     result = score(box, EvaluatorSpec("command", command="sleep 30"), tmp_path, timeout=2)
     assert result.reward == 0.0 and "timed out after 2s" in result.output
-    monkeypatch.setattr(evaluate_mod, "OVERLOAD_PER_CORE", -1.0)
-    with pytest.raises(EvaluatorCrash, match="timed out after 2s on an overloaded machine"):
-        score(box, EvaluatorSpec("command", command="sleep 30"), tmp_path, timeout=2)
+    monkeypatch.setenv("POLAR_SLOTS", "1")
+    with occupancy.occupying(), occupancy.occupying():
+        assert occupancy.running() == 2
+        monkeypatch.setattr(evaluate_mod, "OVERLOAD_PER_CORE", 1.0)
+        with pytest.raises(EvaluatorCrash, match="timed out after 2s on an overloaded node \\(2 sample stages"):
+            score(box, EvaluatorSpec("command", command="sleep 30"), tmp_path, timeout=2)
 
 
 def test_expected_files(box, tmp_path) -> None:
@@ -123,7 +134,20 @@ def test_expected_files(box, tmp_path) -> None:
 
 def test_python_verifier_gets_workspace_and_summary(box, tmp_path) -> None:
     result = score(box, EvaluatorSpec("python", python="tests.polar.tasks.task_evaluators:half"), tmp_path)
-    assert result.reward == 0.5 and "'answer.txt'" in result.output and result.output.endswith(" t1")
+    assert result.reward == 0.5 and "'answer.txt'" in result.output and " t1" in result.output
+
+
+def test_python_verifier_runs_in_the_sandbox_not_as_root(box, tmp_path) -> None:
+    """Issue 40 item 4: a python evaluator runs inside the verify sandbox (its own pid namespace, not the host's
+    uid 0), with the workspace off sys.path, so a workspace module named like one it imports is never run."""
+    (box.mounts.workspace / "json.py").write_text("import os\nos._exit(0)\n")
+    try:
+        result = score(box, EvaluatorSpec("python", python="tests.polar.tasks.task_evaluators:where"), tmp_path)
+    finally:
+        (box.mounts.workspace / "json.py").unlink()
+    host_init = Path("/proc/1/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:60]
+    assert result.reward == 1.0, result.output
+    assert "workspace on sys.path: False" in result.output and f"pid 1: {host_init}\n" not in result.output
 
 
 def test_huge_output_is_read_by_its_tail(box, tmp_path) -> None:

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from polar.tasks.spec import TaskError, load_tasks, select_task
+from polar.tasks.task import DEFAULT_SUBMIT, Submit
 
 ROOT = Path(__file__).resolve().parents[3]
 DEMO = ROOT / "fixtures" / "tasks" / "tasks.yaml"
@@ -25,9 +26,10 @@ def test_demo_tasks_load() -> None:
     calc = tasks[0]
     assert calc.workspace == DEMO.parent / "calc" and (calc.tests / "tests" / "test_calc.py").is_file()
     assert not (calc.workspace / "tests").exists() and not (calc.workspace / "conftest.py").exists()  # hidden
-    assert "conftest.py" in calc.protected and "tests/**" in calc.protected and calc.reward_range == (0.0, 1.0)
+    assert calc.submit == Submit(("calc.py",)) and calc.protected == () and calc.reward_range == (0.0, 1.0)
     assert calc.image == str((ROOT / ".cache" / "images" / "polar-tasks" / "rootfs").resolve())
-    assert calc.evaluator.kind == "command" and calc.evaluator.reward == "exit" and calc.evaluator.timeout_s == 60
+    assert calc.evaluator.kind == "pytest" and calc.evaluator.pytest == ("tests/test_calc.py",)
+    assert calc.evaluator.timeout_s == 60
     assert calc.timeout_s == 120 and calc.session_timeout_s > calc.timeout_s
     assert dict(calc.metadata) == {"repo": "calc", "difficulty": "trivial"}
     assert select_task(tasks, "fix-greet", DEMO).task_id == "fix-greet"
@@ -74,6 +76,12 @@ BAD = [
     (GOOD + "  reward_range: [0, .inf]\n", 6, "reward_range"),
     (GOOD + "  reward_range: [1, 5]\n", 6, "reward_range"),
     (GOOD + "  max_calls: 0\n", 6, "max_calls"),
+    (GOOD + "  submit: calc.py\n", 6, "submit"),
+    (GOOD + "  submit: [/etc/passwd]\n", 6, "submit"),
+    (GOOD + "  submit: {files: [a.py], binary: maybe}\n", 6, "submit.binary"),
+    (GOOD + "  submit: {globs: [a.py]}\n", 6, "submit.globs"),
+    (GOOD.replace("{command: python3 -m pytest -q}", "{pytest: [test_a.py]}"), 5, "evaluator.pytest"),  # no tests:
+    (GOOD.replace("{command: python3 -m pytest -q}", "{pytest: []}"), 5, "evaluator.pytest"),
     (GOOD + GOOD, 6, "task_id"),  # the same id twice: the second one is named
     ("- task_id: [unclosed\n", 2, "yaml"),
 ]
@@ -89,6 +97,36 @@ def test_bad_task_file_names_file_line_field(tmp_path: Path, text: str, line: in
     message = str(err.value)
     assert "\n" not in message
     assert message.startswith(f"{f}:{line}: {field}: "), message
+
+
+def test_submit_forms_and_the_default_with_one_warning(tmp_path: Path, capsys) -> None:
+    """`submit:` as globs or a mapping; a file whose tasks lack it loads with the default and ONE warning line."""
+    (tmp_path / "repo").mkdir()
+    f = tmp_path / "tasks.yaml"
+    f.write_text(GOOD + "  submit: {files: ['src/**/*.py'], binary: true}\n" + GOOD.replace("t1", "t2") +
+                 GOOD.replace("t1", "t3"))
+    t1, t2, t3 = load_tasks(f)
+    assert t1.submit == Submit(("src/**/*.py",), binary=True) and t1.allowed == t1.submit
+    assert t2.submit is None and t2.allowed == DEFAULT_SUBMIT == Submit(existing=True)
+    warning = capsys.readouterr().err.splitlines()
+    assert len(warning) == 1 and "t2, t3 declare(s) no `submit:`" in warning[0]
+    load_tasks(DEMO)  # every demo task declares it: no warning
+    assert capsys.readouterr().err == ""
+
+
+def test_a_pytest_evaluator_names_test_files_that_hold_tests(tmp_path: Path) -> None:
+    (tmp_path / "repo").mkdir()
+    (tmp_path / "t" / "tests").mkdir(parents=True)
+    (tmp_path / "t" / "tests" / "test_a.py").write_text("def test_a():\n    pass\n")
+    (tmp_path / "t" / "tests" / "helpers.py").write_text("def helper():\n    pass\n")
+    f = tmp_path / "tasks.yaml"
+    body = GOOD.replace("{command: python3 -m pytest -q}", "{pytest: [tests/test_a.py], timeout_s: 9}")
+    f.write_text(body + "  tests: t\n  submit: [a.py]\n")
+    (task,) = load_tasks(f)
+    assert task.evaluator.kind == "pytest" and task.evaluator.pytest == ("tests/test_a.py",)
+    f.write_text(body.replace("test_a.py", "helpers.py") + "  tests: t\n")
+    with pytest.raises(TaskError, match="evaluator.pytest: tests/helpers.py: no test function"):
+        load_tasks(f)
 
 
 def test_bad_jsonl_line_is_named(tmp_path: Path) -> None:

@@ -1,5 +1,6 @@
-"""The verify ground (polar/tasks/verify.py): a copy of the final workspace with protected files put back and
-the task's tests staged, a fresh HOME, the agent's tampering named; host reads that never follow a link."""
+"""The verify ground (polar/tasks/verify.py): the task's pristine workspace with only the agent's allowed changes,
+the task's tests staged, a fresh HOME, every other change dropped and named; host reads that never follow a
+link."""
 from __future__ import annotations
 
 import dataclasses
@@ -10,6 +11,7 @@ import pytest
 
 from polar.run.summary import snapshot
 from polar.tasks.spec import load_tasks
+from polar.tasks.task import Submit
 from polar.tasks.verify import AgentFileError, AgentFileMissing, home_hooks, prepare_verify, read_beneath
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -37,7 +39,8 @@ def test_hidden_tests_are_staged_and_the_agent_made_conftest_is_replaced(tmp_pat
     (out / "workspace" / "calc.pyc").write_bytes(b"x")
     ground = prepare_verify(task, out, before, snapshot(out / "workspace"))
     ws = ground.mounts.workspace
-    assert ground.tampered == ("conftest.py", "tests/test_mine.py")
+    assert ground.tampered == ("calc.pyc", "conftest.py", "tests/__pycache__/test_calc.cpython-311-pytest-7.2.1.pyc",
+                               "tests/test_mine.py")
     assert (ws / "conftest.py").read_text() == (task.tests / "conftest.py").read_text()
     assert (ws / "tests" / "test_calc.py").is_file() and not (ws / "tests" / "test_mine.py").exists()
     assert not (ws / "tests" / "__pycache__").exists() and not (ws / "calc.pyc").exists()
@@ -45,15 +48,16 @@ def test_hidden_tests_are_staged_and_the_agent_made_conftest_is_replaced(tmp_pat
     assert ground.mounts.home != out / "home" and list(ground.mounts.home.iterdir()) == [ground.mounts.home / ".tmp"]
 
 
-def test_a_protected_file_the_agent_changed_is_put_back(tmp_path) -> None:
-    task = dataclasses.replace(load_tasks(DEMO)[0], protected=("calc.py",), tests=None)
+def test_protected_narrows_the_allowlist(tmp_path) -> None:
+    task = dataclasses.replace(load_tasks(DEMO)[0], protected=("calc.py",), tests=None,
+                               submit=Submit(("calc.py", "notes.txt")))
     out, before = sample_folder(tmp_path, task)
     (out / "workspace" / "calc.py").write_text("def add(a, b): return 5\n")
     (out / "workspace" / "notes.txt").write_text("mine\n")
     ground = prepare_verify(task, out, before, snapshot(out / "workspace"))
     assert ground.tampered == ("calc.py",)
     assert (ground.mounts.workspace / "calc.py").read_text() == (task.workspace / "calc.py").read_text()
-    assert (ground.mounts.workspace / "notes.txt").read_text() == "mine\n"  # not protected: kept
+    assert (ground.mounts.workspace / "notes.txt").read_text() == "mine\n"  # submitted, not protected: kept
 
 
 def test_a_linked_folder_is_not_written_through(tmp_path) -> None:
@@ -82,11 +86,13 @@ def test_what_cannot_be_copied_is_left_out(tmp_path) -> None:
     assert names == ["calc.py", "conftest.py", "tests"]
 
 
-def test_a_64_gib_sparse_file_is_copied_as_a_hole(tmp_path) -> None:
-    """The verify copy keeps holes (a plain copy would write 64 GiB of zeros) and the data around them."""
+@pytest.mark.parametrize("submit", [None, Submit(("*.bin",), binary=True)])
+def test_a_64_gib_sparse_file_is_never_copied(tmp_path, submit) -> None:
+    """A 64 GiB sparse file the agent leaves costs the verify stage nothing: outside the allowlist it is dropped
+    unread, inside it it is past allow.FILE_LIMIT and dropped all the same."""
     import time
 
-    task = load_tasks(DEMO)[0]
+    task = dataclasses.replace(load_tasks(DEMO)[0], submit=submit)
     out, before = sample_folder(tmp_path, task)
     with open(out / "workspace" / "big.bin", "wb") as f:
         f.truncate(64 * 2**30)
@@ -95,12 +101,7 @@ def test_a_64_gib_sparse_file_is_copied_as_a_hole(tmp_path) -> None:
     start = time.monotonic()
     ground = prepare_verify(task, out, before, snapshot(out / "workspace"))
     assert time.monotonic() - start < 10
-    copy = ground.mounts.workspace / "big.bin"
-    st = copy.stat()
-    assert st.st_size == 64 * 2**30 and st.st_blocks * 512 < 2**20  # a hole, not 64 GiB of disk
-    with open(copy, "rb") as f:
-        f.seek(2**30 - 4)
-        assert f.read(22) == bytes(4) + b"data in the middle"
+    assert ground.tampered == ("big.bin",) and not (ground.mounts.workspace / "big.bin").exists()
 
 
 def test_home_hooks_are_named(tmp_path) -> None:

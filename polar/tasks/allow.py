@@ -1,0 +1,162 @@
+"""The allowlist (issue 40, docs/tasks.md "submit"): the verifier never stands on what the agent left, only on the
+task's own pristine workspace with the agent's allowed changes applied to it.
+
+A change is allowed when its path matches the task's `submit` globs (or, with `existing`, names a file the
+pristine workspace holds), is not protected, not one of the task's staged `tests:` files, and not pytest's
+configuration or a Python start-up hook (those only when a glob names that exact path). What comes in is
+regular files only, read without following links: no symlink, FIFO, device or socket, no executable bit the
+pristine file did not have, no compiled or binary file (.so, .pyc, ELF, NUL bytes) unless `binary: true`.
+Deleting an allowed file is a change like any other. Every other change is dropped and named.
+"""
+from __future__ import annotations
+
+import os
+import stat
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+from polar.sandbox.identity import copy_without_privileges
+from polar.tasks.task import Submit, TaskSpec
+from polar.tasks.verify import _clear, _guarded
+
+# Never the agent's: pytest reads them before any test, Python runs them at start-up.
+NEVER_NAMES = frozenset({"conftest.py", "pytest.ini", ".pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml",
+                         "sitecustomize.py", "usercustomize.py"})
+NEVER_SUFFIXES = (".pth",)
+COMPILED_SUFFIXES = (".so", ".pyc", ".pyo", ".pyd", ".dll", ".dylib", ".o", ".a")
+FILE_LIMIT = 16 << 20  # bytes of one submitted file at most; a larger one is dropped
+
+
+@dataclass(frozen=True)
+class Submission:
+    changes: tuple[str, ...]  # every path the agent changed, added or removed (shown names)
+    applied: tuple[str, ...]  # taken into the verify workspace (written or deleted)
+    dropped: tuple[str, ...]  # left out: outside the allowlist, or refused for its kind
+    compiled: tuple[str, ...]  # compiled or binary files among the changes, taken or not
+
+
+def shown(rel: str) -> str:
+    """A path as text that every writer takes: a name that is not UTF-8 gets backslash escapes."""
+    return rel.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+def pristine(workspace: Path | None, dest: Path) -> None:
+    """The task's starting workspace, as a sample's sandbox gets it (a directory or a .tar.gz; none: empty)."""
+    if workspace is None:
+        dest.mkdir(parents=True)
+    elif workspace.is_dir():
+        copy_without_privileges(workspace, dest)  # holes stay holes: a task may ship a large sparse file
+    else:
+        with tarfile.open(workspace, "r:gz") as tar:
+            tar.extractall(dest, filter="data")
+    dest.mkdir(parents=True, exist_ok=True)
+
+
+def apply_submission(task: TaskSpec, final: Path, dest: Path, staged: Iterable[str] = (),
+                     untouched: Iterable[str] = ()) -> Submission:
+    """Fill `dest` (not there yet) with the task's pristine workspace, then apply the agent's allowed changes from
+    `final`. `staged`: the task's test files (they win); `untouched`: paths alike at the harness's start and end
+    (one that differs from the pristine workspace was not the agent's doing, e.g. a file the harness wrote: it
+    is left out, unnamed)."""
+    pristine(task.workspace, dest)
+    base, left = entries(dest), entries(final)
+    staged, untouched, submit = set(staged), set(untouched), task.allowed
+    changes, applied, dropped, compiled = [], [], [], []
+    for rel in sorted(set(base) | set(left)):
+        b, f = base.get(rel), left.get(rel)
+        if (b and f and _same(dest / rel, final / rel, b, f)) or rel in untouched:
+            continue
+        changes.append(rel)
+        if f is not None and stat.S_ISREG(f.st_mode) and _compiled(final / rel, rel, f):
+            compiled.append(rel)
+        if not allowed(rel, b is not None and stat.S_ISREG(b.st_mode), submit, task.protected, staged):
+            dropped.append(rel)
+        elif f is None:
+            _remove(dest, rel)
+            applied.append(rel)
+        elif _take(final, dest, rel, f, b, submit, rel in compiled):
+            applied.append(rel)
+        else:
+            dropped.append(rel)
+    return Submission(*(tuple(map(shown, x)) for x in (changes, applied, dropped, compiled)))
+
+
+def allowed(rel: str, existed: bool, submit: Submit, protected: tuple[str, ...], staged: set[str]) -> bool:
+    if rel in staged or _guarded(rel, protected):
+        return False
+    name = rel.rsplit("/", 1)[-1]
+    if name in NEVER_NAMES or name.endswith(NEVER_SUFFIXES):
+        return rel in submit.globs  # only where the task names that very path
+    return _guarded(rel, submit.globs) or (submit.existing and existed)
+
+
+def entries(root: Path) -> dict[str, os.stat_result]:
+    """relative path -> lstat of everything under root but real folders (a link to a folder is an entry);
+    nothing is followed, an unreadable folder is skipped."""
+    found: dict[str, os.stat_result] = {}
+    for dirpath, dirs, files in os.walk(root):
+        rel_dir = os.path.relpath(dirpath, root)
+        for name in [*files, *dirs]:
+            rel = name if rel_dir == "." else f"{rel_dir}/{name}"
+            try:
+                st = os.lstat(os.path.join(dirpath, name))
+            except OSError:
+                continue
+            if not stat.S_ISDIR(st.st_mode):
+                found[rel] = st
+    return found
+
+
+def _same(a: Path, b: Path, sa: os.stat_result, sb: os.stat_result) -> bool:
+    if not (stat.S_ISREG(sa.st_mode) and stat.S_ISREG(sb.st_mode)) or sa.st_size != sb.st_size:
+        return stat.S_ISLNK(sa.st_mode) and stat.S_ISLNK(sb.st_mode) and os.readlink(a) == os.readlink(b)
+    with open(a, "rb") as fa, open(b, "rb", opener=_nofollow) as fb:
+        while True:
+            x, y = fa.read(1 << 20), fb.read(1 << 20)
+            if x != y:
+                return False
+            if not x:
+                return True
+
+
+def _nofollow(path: str, flags: int) -> int:
+    return os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK)
+
+
+def _compiled(path: Path, rel: str, st: os.stat_result) -> bool:
+    """A compiled or binary file: by its name, or an ELF header or a NUL byte in its first MiB."""
+    if rel.endswith(COMPILED_SUFFIXES) or "/__pycache__/" in f"/{rel}":
+        return True
+    try:
+        with open(path, "rb", opener=_nofollow) as f:
+            head = f.read(1 << 20)
+    except OSError:
+        return False
+    return head.startswith(b"\x7fELF") or b"\0" in head
+
+
+def _take(final: Path, dest: Path, rel: str, f: os.stat_result, b: os.stat_result | None, submit: Submit,
+          compiled: bool) -> bool:
+    """Copy one allowed file in; False when its kind refuses it (a link, a special file, too large, compiled)."""
+    if not stat.S_ISREG(f.st_mode) or f.st_size > FILE_LIMIT or (compiled and not submit.binary):
+        return False
+    if (dest / rel).is_dir() and not (dest / rel).is_symlink():  # a folder of the task's there: it stays
+        return False
+    try:
+        with open(final / rel, "rb", opener=_nofollow) as src:
+            data = src.read(FILE_LIMIT + 1)
+    except OSError:
+        return False
+    was_exec = b is not None and stat.S_ISREG(b.st_mode) and b.st_mode & 0o100
+    _remove(dest, rel)
+    target = dest / rel
+    target.write_bytes(data)
+    os.chmod(target, 0o755 if was_exec else 0o644)  # an executable bit only where the task's file had one
+    return True
+
+
+def _remove(dest: Path, rel: str) -> None:
+    """Make room at dest/rel: every folder on the way a real folder, nothing at rel itself."""
+    _clear(dest, rel)

@@ -1,0 +1,250 @@
+"""Polar's runner inside the verify sandbox (polar/tasks/observer.py starts it; stdlib and pytest only, never
+imported by the host). It connects to the parent's socket and receives a nonce **before** anything of the
+workspace can run, then:
+
+  pytest SOCKET INI -- FILE...   pytest.main with a fixed configuration and this module's plugin registered
+                                 first; one record per test outcome, per failed collection, and the session's end
+  python SOCKET EVALDIR TARGET SUMMARY
+                                 a task's python evaluator, imported from EVALDIR (the workspace off sys.path),
+                                 called on the workspace (the cwd); its reward as a record
+
+Records are lines `NONCE SEQ KIND FIELD...` (tab-separated, each field `ascii()` of a str), written with the
+os.write and fd captured at start: the exit status never carries a result. The plugin snapshots pytest's
+report classes, runner functions, hook callers and itself before any workspace code runs and checks them
+before each report and at the end; any change is a `tampered` record, which scores 0.
+"""
+import os
+import socket
+import sys
+
+_write, _ascii, _pid = os.write, ascii, os.getpid  # captured before any workspace code could replace them
+
+
+def connect(path):
+    """The fd to the parent (a dup, so closing the socket object elsewhere does not close it) and its nonce."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    here = os.getcwd()
+    os.chdir(os.path.dirname(path))  # by its name in its folder: the full path may pass AF_UNIX's 108 bytes
+    try:
+        s.connect(os.path.basename(path))
+    finally:
+        os.chdir(here)
+    nonce = b""
+    while len(nonce) < 32:
+        chunk = s.recv(32 - len(nonce))
+        if not chunk:
+            raise SystemExit("polar observer: the parent closed the channel")
+        nonce += chunk
+    fd = os.dup(s.fileno())
+    s.close()
+    return fd, nonce.decode("ascii")
+
+
+def sender(fd, nonce):
+    """send(kind, *fields): one record; closed over the captured writer, the fd, the nonce and a counter."""
+    seq = [0]
+
+    def send(kind, *fields):
+        seq[0] += 1
+        line = "\t".join([nonce, str(seq[0]), kind, *[_ascii(str(f)) for f in fields]]) + "\n"
+        data = line.encode("ascii")
+        while data:
+            data = data[_write(fd, data):]
+    return send
+
+
+def pytest_objects(pytest):
+    """What reports flow through: pytest's report classes, runner, collectors, outcomes and pluggy's calling."""
+    import _pytest.fixtures as fixtures
+    import _pytest.main as main
+    import _pytest.outcomes as outcomes
+    import _pytest.python as python
+    import _pytest.reports as reports
+    import _pytest.runner as runner
+    import _pytest.skipping as skipping
+    import pluggy
+
+    found = {"sys.modules[" + m.__name__ + "]": m for m in (fixtures, main, outcomes, python, reports, runner,
+                                                             skipping, pluggy)}
+    for mod, names in ((runner, ("runtestprotocol", "call_and_report", "call_runtest_hook", "CallInfo",
+                                 "pytest_runtest_protocol", "pytest_runtest_call", "pytest_runtest_makereport",
+                                 "pytest_runtest_setup", "pytest_runtest_teardown", "check_interactive_exception",
+                                 "SetupState")),
+                       (reports, ("TestReport", "CollectReport", "BaseReport")),
+                       (python, ("Function", "Module", "Class", "pytest_pyfunc_call", "pytest_collect_file")),
+                       (main, ("Session", "pytest_runtestloop", "wrap_session")),
+                       (skipping, ("pytest_runtest_setup", "pytest_runtest_call", "pytest_runtest_makereport")),
+                       (outcomes, ("fail", "skip", "exit", "xfail", "Skipped", "Failed", "OutcomeException")),
+                       (fixtures, ("FixtureDef", "FixtureRequest"))):
+        for name in names:
+            if hasattr(mod, name):
+                found[mod.__name__ + "." + name] = getattr(mod, name)
+    classes = {"TestReport": reports.TestReport, "BaseReport": reports.BaseReport, "CallInfo": runner.CallInfo,
+               "Function": python.Function, "FixtureDef": fixtures.FixtureDef, "Session": main.Session,
+               "PluginManager": pluggy.PluginManager}
+    import pluggy._hooks as hooks
+
+    caller = getattr(hooks, "HookCaller", None) or getattr(hooks, "_HookCaller", None)
+    if caller is not None:
+        classes["HookCaller"] = caller
+    for cname, cls in classes.items():
+        for attr, value in vars(cls).items():
+            found[cname + "." + attr] = value
+    found["pytest.main"] = pytest.main
+    return found
+
+
+SENSITIVE = ("pytest_runtest_protocol", "pytest_runtest_makereport", "pytest_runtest_call", "pytest_runtest_logreport",
+             "pytest_pyfunc_call", "pytest_report_teststatus", "pytest_collectreport", "pytest_runtest_logfinish",
+             "pytest_sessionfinish")
+
+
+def make_observer(pytest, send, conftests):
+    """The plugin, registered first (before pytest reads any conftest or test file). Its state lives in this
+    closure, not in attributes a workspace module could reach by name; what it checks was taken now."""
+    known = pytest_objects(pytest)
+    state = {"broken": None, "impls": None, "config": None}
+    phases = {}
+
+    def hook_impls():
+        hook = state["config"].hook
+        return {name: [(i.plugin, i.function) for i in getattr(hook, name).get_hookimpls()]
+                for name in SENSITIVE if hasattr(hook, name)}
+
+    def new_impls():
+        """A sensitive hook implemented by a plugin that came after collection started and is not one of the
+        task's conftest files (a workspace module registering itself, say)."""
+        out = []
+        for name, impls in hook_impls().items():
+            for plugin, function in impls:
+                if (plugin, function) in state["impls"].get(name, ()):
+                    continue
+                path = getattr(plugin, "__file__", None) or ""
+                if not (os.path.basename(path) == "conftest.py" and os.path.realpath(path) in conftests):
+                    out.append(name + " by " + str(getattr(plugin, "__name__", type(plugin).__name__)))
+        return out
+
+    def intact():
+        """None, or what changed since the start (remembered: once broken, always broken)."""
+        if state["broken"] is None:
+            now = pytest_objects(sys.modules["pytest"]) if "pytest" in sys.modules else {}
+            changed = [k for k, v in known.items() if now.get(k) is not v]
+            changed += [k for k, v in own.items() if vars(Observer).get(k) is not v]
+            changed += [k for k in vars(observer) if k in own]
+            if state["impls"] is not None:
+                changed += new_impls()
+            if changed:
+                state["broken"] = "pytest internals changed during the run: " + ", ".join(sorted(changed)[:20])
+        return state["broken"]
+
+    class Observer:
+        def pytest_configure(self, config):
+            state["config"] = config
+
+        def pytest_collection(self, session):
+            state["impls"] = hook_impls()
+
+        def pytest_collectreport(self, report):
+            if report.failed:
+                send("collect-error", report.nodeid)
+
+        def pytest_runtest_logreport(self, report):
+            outcome = "xfail" if getattr(report, "wasxfail", None) is not None else report.outcome
+            phases.setdefault(report.nodeid, []).append((report.when, outcome))
+
+        def pytest_runtest_logfinish(self, nodeid, location):
+            seen = phases.pop(nodeid, [])
+            broken = intact()
+            if broken:
+                send("tampered", broken)
+                return
+            outcomes = [o for _when, o in seen]
+            if "failed" in outcomes:
+                outcome = "failed"
+            elif ("call", "passed") in seen and all(o == "passed" for o in outcomes):
+                outcome = "passed"
+            else:
+                outcome = "skipped" if "skipped" in outcomes or "xfail" in outcomes else "incomplete"
+            send("test", nodeid, outcome)
+
+        def pytest_sessionfinish(self, session, exitstatus):
+            broken = intact()
+            if broken:
+                send("tampered", broken)
+            send("end", int(exitstatus), session.testscollected)
+
+    own = dict(vars(Observer))
+    observer = Observer()
+    return observer
+
+
+def conftest_files(root):
+    found = set()
+    for dirpath, _dirs, files in os.walk(root):
+        if "conftest.py" in files:
+            found.add(os.path.realpath(os.path.join(dirpath, "conftest.py")))
+    return found
+
+
+def run_pytest(send, ini, files, rootdir=None):
+    """pytest on the task's files: the task's ini (or Polar's empty one), the workspace (cwd) as rootdir and
+    conftest boundary (a Harbor task's: its read-only /tests), importlib imports, no cache; test folders, then
+    the workspace, at the END of sys.path (the standard library and pytest come first, whatever the workspace
+    names its modules)."""
+    workspace = os.getcwd()
+    rootdir = rootdir or workspace
+    for d in [*sorted({os.path.dirname(os.path.join(workspace, f)) for f in files}), workspace]:
+        if d not in sys.path:
+            sys.path.append(d)
+    import pytest
+
+    plugin = make_observer(pytest, send, conftest_files(rootdir))
+    args = ["-c", ini, "--rootdir", rootdir, "--confcutdir", rootdir, "-p", "no:cacheprovider",
+            "--import-mode=importlib", "-q", "-rfE", "--", *files]
+    code = pytest.main(args, plugins=[plugin])
+    return int(code)
+
+
+def run_python(send, evaldir, target, summary_file):
+    """A task's python evaluator: `module:function(workspace: Path, summary: dict)`, imported from evaldir."""
+    import json
+    import math
+    import traceback
+    from pathlib import Path
+
+    sys.path.insert(0, evaldir)
+    module, _, name = target.partition(":")
+    try:
+        func = getattr(__import__("importlib").import_module(module), name)
+    except (ImportError, AttributeError) as e:
+        send("import-error", type(e).__name__ + ": " + str(e))
+        return 3
+    send("imported")
+    with open(summary_file) as f:
+        summary = json.load(f)
+    try:
+        value = func(Path(os.getcwd()), summary)
+    except Exception:  # noqa: BLE001 - the verifier met something in the workspace it could not take
+        send("raised", traceback.format_exc()[-4000:])
+        return 4
+    reward, output = (value.get("reward"), str(value.get("output", ""))) if isinstance(value, dict) else (value, "")
+    if isinstance(reward, bool) or not isinstance(reward, (int, float)):
+        send("no-number", repr(value)[:1000])
+        return 5
+    send("result", repr(float(reward)), output[-20000:])
+    return 0 if math.isfinite(reward) else 5
+
+
+def main(argv):
+    mode, path = argv[0], argv[1]
+    fd, nonce = connect(path)
+    send = sender(fd, nonce)
+    send("start", _pid())
+    if mode == "pytest":  # pytest SOCKET INI [ROOTDIR] -- FILE...
+        ini, files, rest = argv[2], argv[argv.index("--") + 1:], argv[3:argv.index("--")]
+        return run_pytest(send, ini, files, rest[0] if rest else None)
+    return run_python(send, *argv[2:5])
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

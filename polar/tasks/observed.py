@@ -1,0 +1,129 @@
+"""The evaluators that run Polar's runner in the verify sandbox (polar/tasks/observe_child.py): `pytest` (per-test
+outcomes judged by polar/tasks/observer.py) and `python` (a task's scoring function, never in a host process).
+
+The runner, the channel's socket and (python) the evaluator's module go to a fresh `observer/` folder of the
+verify ground's shared directory, which every runtime binds at the same path; the first process in that fresh
+sandbox is the runner, so nothing of the workspace runs before it holds the channel.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+from polar.sandbox.runtime import Mounts, Sandbox
+from polar.tasks import observe_child
+from polar.tasks.evaluate import OUTPUT_LIMIT, Evaluation, EvaluatorCrash, _read, task_env, verifier_timeout
+from polar.tasks.observer import Channel, Records, expected_tests, judge
+from polar.tasks.spec import EvaluatorSpec
+from polar.tasks.verify import AgentFileError, read_beneath
+
+RUNNER = "polar_observe.py"
+EMPTY_INI = "pytest.ini"  # Polar's own, empty: no workspace configuration is read
+
+
+def _folder(mounts: Mounts) -> Path:
+    folder = mounts.shared / "observer"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    shutil.copyfile(observe_child.__file__, folder / RUNNER)
+    return folder
+
+
+def _exec(argv: list[str], spec: EvaluatorSpec, sandbox: Sandbox, mounts: Mounts, out: Path, timeout_s: float,
+          channel: Channel) -> tuple[Records, str, int | None, Evaluation | None]:
+    """(records, output, exit code, the timeout's verdict or None): the runner in the sandbox, the channel read."""
+    env = {**task_env(mounts), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}  # no entry point found on sys.path loads
+    stdout, stderr = out / "evaluator.stdout", out / "evaluator.stderr"
+    try:
+        result = sandbox.exec(argv, env, mounts.workspace, timeout_s, stdout, stderr)
+    finally:
+        records = channel.close()
+    output = (_read(stdout) + _read(stderr))[-OUTPUT_LIMIT:]
+    if not records.connected:
+        raise EvaluatorCrash(f"Polar's runner did not start in the verify sandbox (exit {result.exit_code})",
+                             output)
+    late = verifier_timeout(spec, timeout_s, output) if result.timed_out else None
+    return records, output, None if result.timed_out else result.exit_code, late
+
+
+def run_pytest(spec: EvaluatorSpec, sandbox: Sandbox, mounts: Mounts, out: Path, summary: dict[str, Any],
+               timeout_s: float) -> Evaluation:
+    """The task's test files (staged in the workspace by prepare_verify) under Polar's runner; the reward from the
+    per-test records, judged against the ids read here from the same files before the runner starts."""
+    expected: list[str] = []
+    for rel in spec.pytest:
+        expected += expected_tests(mounts.workspace, rel)
+    folder = _folder(mounts)
+    (folder / EMPTY_INI).write_text("[pytest]\n")
+    ini = mounts.workspace / "pytest.ini"  # the task's own (never taken from the agent: polar/tasks/allow.py)
+    try:
+        read_beneath(mounts.workspace, "pytest.ini")
+    except AgentFileError:
+        ini = folder / EMPTY_INI
+    channel = Channel(folder)
+    argv = ["python3", "-I", str(folder / RUNNER), "pytest", str(channel.path), str(ini), "--", *spec.pytest]
+    records, output, code, late = _exec(argv, spec, sandbox, mounts, out, timeout_s, channel)
+    if late is not None:
+        return late
+    verdict = judge(expected, records)
+    return Evaluation(verdict.reward, output + "\n" + "\n".join(verdict.lines), code, flagged=verdict.flags)
+
+
+def run_python(spec: EvaluatorSpec, sandbox: Sandbox, mounts: Mounts, out: Path, summary: dict[str, Any],
+               timeout_s: float) -> Evaluation:
+    """`module:function` of the task, in the sandbox: its module and the .py files beside it copied in."""
+    folder = _folder(mounts)
+    module = (spec.python or "").partition(":")[0]
+    copy_module(module, folder / "evaluator")
+    (folder / "summary.json").write_text(json.dumps(summary, indent=2))
+    channel = Channel(folder)
+    argv = ["python3", "-I", str(folder / RUNNER), "python", str(channel.path), str(folder / "evaluator"),
+            spec.python or "", str(folder / "summary.json")]
+    records, output, code, late = _exec(argv, spec, sandbox, mounts, out, timeout_s, channel)
+    if late is not None:
+        return late
+    return _python_verdict(spec, records, output, code)
+
+
+def _python_verdict(spec: EvaluatorSpec, records: Records, output: str, code: int | None) -> Evaluation:
+    for kind, what in (("import-error", "cannot be imported"), ("no-number", "expected a finite number")):
+        if records.of(kind):
+            raise EvaluatorCrash(f"{spec.python} {what}: {records.of(kind)[0][0][:300]}", output)
+    if not records.of("imported"):
+        raise EvaluatorCrash(f"{spec.python} failed before it was imported (exit {code})", output)
+    if records.of("raised"):  # it raised on the agent's files: the workspace's failure
+        why = f"{spec.python} raised on the workspace"
+        return Evaluation(0.0, output + records.of("raised")[0][0] + f"\n[polar] {why}: reward 0", code, why)
+    results = records.of("result")
+    if len(results) != 1 or records.bad:
+        why = f"{spec.python} ended without one result from Polar's runner (exit {code})"
+        return Evaluation(0.0, output + f"\n[polar] {why}: reward 0", code, why,
+                          flagged=(why, *records.bad[:5]))
+    reward, said = results[0]
+    return Evaluation(float(reward), said + output, code)
+
+
+def copy_module(module: str, dest: Path) -> Path:
+    """The evaluator's module found on this host's path (the current folder first) without importing it, copied
+    under dest with the .py files beside it and its packages' __init__.py files."""
+    parts = module.split(".")
+    for root in [Path.cwd(), *map(Path, filter(None, sys.path))]:
+        base = root.joinpath(*parts)
+        found = base.with_suffix(".py") if base.with_suffix(".py").is_file() else base / "__init__.py"
+        if found.is_file():
+            break
+    else:
+        raise EvaluatorCrash(f"No module named {module!r} on the host's path (no {'/'.join(parts)}.py to copy into "
+                             "the verify sandbox)")
+    target = dest.joinpath(*found.parent.relative_to(root).parts)
+    target.mkdir(parents=True, exist_ok=True)
+    for py in found.parent.glob("*.py"):
+        shutil.copyfile(py, target / py.name)
+    for depth in range(1, len(found.parent.relative_to(root).parts)):
+        init = root.joinpath(*parts[:depth], "__init__.py")
+        if init.is_file():
+            shutil.copyfile(init, dest.joinpath(*parts[:depth], "__init__.py"))
+    return dest
