@@ -138,23 +138,49 @@ def _command(spec: EvaluatorSpec, sandbox: Sandbox, mounts: Mounts, out: Path, t
 
 
 def _harbor(spec: EvaluatorSpec, sandbox: Sandbox, mounts: Mounts, out: Path, timeout_s: float) -> Evaluation:
-    """A Harbor task's tests/test.sh at /tests; its reward from /logs/verifier (polar/tasks/harbor.py). No reward
-    file is 0 (`pytest && echo 1 > reward.txt`: the tests failed); a malformed one is the workspace's 0 too, and
-    no reward at all on the untouched workspace (precheck)."""
+    """A Harbor task's tests/test.sh at the read-only /tests; its reward from /logs/verifier (polar/tasks/harbor.py),
+    which Polar made empty. First, as the fresh sandbox's first process, Polar's observer runs the task's pytest
+    files (polar/tasks/harbor_observe.py): test.sh's reward is capped at the share of tests it saw pass. No
+    reward file is 0 (`pytest && echo 1 > reward.txt`: the tests failed); a malformed, linked, doubled or
+    out-of-range one is the workspace's 0, flagged; no reward at all on the untouched workspace (precheck)."""
     from polar.tasks.harbor import TEST_COMMAND, read_reward
+    from polar.tasks.harbor_observe import observe
     from polar.tasks.task import LOGS_AT
 
     logs = next(src for src, dst in mounts.binds if dst == LOGS_AT)
+    seen = observe(sandbox, mounts, out, timeout_s)
+    early = sorted(p.name for p in (logs / "verifier").iterdir())  # only the agent's code ran since Polar made it
+    for name in early:
+        _clear_entry(logs / "verifier" / name)
     result, _text, output, timed_out = _run_command(list(TEST_COMMAND), spec, sandbox, mounts, out, timeout_s)
+    output = "\n".join([*seen.lines, output])[-OUTPUT_LIMIT:]
     if timed_out:
         return timed_out
+    flags = [*seen.flags, *(f"harbor: /logs/verifier/{n} written while Polar's observer ran the tests" for n in early)]
     reward, rewards, problem = read_reward(logs)
-    if reward is not None:
-        return Evaluation(reward, output, result.exit_code, rewards=rewards)
-    if problem is None:
+    if problem is not None:
+        return Evaluation(0.0, output + f"\n[polar] {problem}: reward 0", result.exit_code, problem,
+                          flagged=(*flags, f"harbor: {problem}"))
+    if reward is None:
         return Evaluation(0.0, output + f"\n[polar] test.sh exited {result.exit_code} and wrote no "
-                                        "/logs/verifier/reward.txt or reward.json: reward 0", result.exit_code)
-    return Evaluation(0.0, output + f"\n[polar] {problem}: reward 0", result.exit_code, problem)
+                                        "/logs/verifier/reward.txt or reward.json: reward 0", result.exit_code,
+                          flagged=tuple(flags))
+    if flags:
+        return Evaluation(0.0, output + "\n[polar] flagged: reward 0", result.exit_code, flagged=tuple(flags))
+    if reward > seen.share:
+        flags.append(f"harbor: test.sh's reward {reward:g} is more than the {seen.share:.0%} of the task's tests "
+                     "Polar's observer saw pass")
+        return Evaluation(seen.share, output + f"\n[polar] {flags[-1]}: reward {seen.share:g}", result.exit_code,
+                          flagged=tuple(flags))
+    return Evaluation(reward, output, result.exit_code, rewards=rewards)
+
+
+def _clear_entry(path: Path) -> None:
+    """Remove what the agent's code left in /logs/verifier before test.sh starts (a file, a link, a folder)."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def _parsed(text: str, where: str, output: str, exit_code: int | None) -> Evaluation:

@@ -8,7 +8,8 @@ read as they are into our TaskSpec.
   environment/    Dockerfile (built by the container engine, polar/sandbox/docker.py) unless task.toml names a
                   prebuilt docker_image; neither: the default image (`host`). environment/workspace/, when there,
                   seeds the agent's workspace (a Polar addition: Harbor's files live in the image)
-  tests/          test.sh and what it needs: staged at /tests of the verify sandbox only, after the agent finished;
+  tests/          test.sh and what it needs: staged read-only at /tests of the verify sandbox only, after the agent
+                  finished; its pytest files are first run by Polar's observer (polar/tasks/harbor_observe.py);
                   it writes /logs/verifier/reward.txt (a number) or reward.json ({"reward": main, extras...})
   solution/       solve.sh, never shown to the agent; `polar run --task DIR --oracle` runs it instead of a harness
   [polar] submit  (a Polar addition) workspace globs of NEW files the agent's work may add; the files the
@@ -21,6 +22,7 @@ from __future__ import annotations
 import datetime
 import json
 import math
+import os
 import re
 import tomllib
 from pathlib import Path
@@ -28,7 +30,7 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from polar.tasks.task import SESSION_MARGIN_S, TESTS_AT, EvaluatorSpec, Submit, TaskError, TaskSpec
-from polar.tasks.verify import AgentFileError, AgentFileMissing, read_beneath
+from polar.tasks.verify import AgentFileError, read_beneath
 from polar_traj.records import check_id
 
 TASK_FILE = "task.toml"
@@ -171,31 +173,50 @@ def _plain(value: Any) -> Any:
 
 
 # -- the verifier's reward ----------------------------------------------------------------------------------------
-def read_reward(logs: Path) -> tuple[float | None, dict[str, float] | None, str | None]:
+REWARD_FILES = ("reward.json", "reward.txt")
+
+
+def read_reward(logs: Path, bounds: tuple[float, float] = (0.0, 1.0)
+                ) -> tuple[float | None, dict[str, float] | None, str | None]:
     """(reward, every named reward, problem) from `logs`/verifier: reward.json ({"reward": main, extras...} or a
-    single entry) first, else reward.txt (one number). Read without following links: the verifier ran on agent
-    files. No file at all: (None, None, None)."""
+    single entry) or reward.txt (one number). Both at once, a link, a value that is not a finite number within
+    `bounds`: a problem (the agent's code under test could have written any of them). Read without following
+    links. No file at all: (None, None, None)."""
+    present = [name for name in REWARD_FILES if os.path.lexists(logs / "verifier" / name)]
+    if len(present) > 1:
+        return None, None, "both reward.json and reward.txt in /logs/verifier (test.sh writes one)"
+    if not present:
+        return None, None, None
+    reward, rewards, problem = (_reward_json if present[0] == "reward.json" else _reward_txt)(logs)
+    if problem is not None:
+        return None, None, problem
+    if not (math.isfinite(reward) and bounds[0] <= reward <= bounds[1]):
+        return None, None, f"{present[0]}: reward {reward!r} is not a number in [{bounds[0]:g}, {bounds[1]:g}]"
+    if rewards and not all(math.isfinite(v) for v in rewards.values()):
+        return None, None, f"reward.json: a named reward is not a finite number: {rewards}"
+    return reward, rewards, None
+
+
+def _reward_json(logs: Path) -> tuple[float, dict[str, float] | None, str | None]:
     try:
         data = json.loads(read_beneath(logs, "verifier/reward.json").decode(errors="replace"))
-    except AgentFileMissing:
-        pass
     except (AgentFileError, ValueError) as e:
-        return None, None, f"reward.json: {e}"
-    else:
-        if not isinstance(data, dict) or not data or not all(
-                isinstance(v, (int, float)) and not isinstance(v, bool) for v in data.values()):
-            return None, None, f"reward.json is not a mapping of names to numbers: {str(data)[:100]!r}"
-        if "reward" not in data and len(data) != 1:
-            return None, None, f"reward.json names no main `reward` among {', '.join(sorted(data))}"
-        main = data.get("reward", next(iter(data.values())))
-        return float(main), {str(k): float(v) for k, v in data.items()}, None
+        return math.nan, None, f"reward.json: {e}"
+    if not isinstance(data, dict) or not data or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in data.values()):
+        return math.nan, None, f"reward.json is not a mapping of names to numbers: {str(data)[:100]!r}"
+    if "reward" not in data and len(data) != 1:
+        return math.nan, None, f"reward.json names no main `reward` among {', '.join(sorted(data))}"
+    main = data.get("reward", next(iter(data.values())))
+    return float(main), {str(k): float(v) for k, v in data.items()}, None
+
+
+def _reward_txt(logs: Path) -> tuple[float, None, str | None]:
     try:
         text = read_beneath(logs, "verifier/reward.txt").decode(errors="replace").strip()
-    except AgentFileMissing:
-        return None, None, None
     except AgentFileError as e:
-        return None, None, f"reward.txt: {e}"
+        return math.nan, None, f"reward.txt: {e}"
     try:
         return float(text), None, None
     except ValueError:
-        return None, None, f"reward.txt is not a number ({text[:100]!r})"
+        return math.nan, None, f"reward.txt is not a number ({text[:100]!r})"

@@ -70,18 +70,20 @@ def prepare_verify(task: TaskSpec, out: Path, before: dict[str, str], after: dic
         dropped = [*dropped[:LISTED], f"... and {len(dropped) - LISTED} more"]
     hooks = [f"~/{shown(p)}" for p in home_hooks(out / "home")]
     suspicious = scan_changes(out / "workspace", submission) + [f"{h}: Python start-up hook" for h in hooks]
-    return VerifyGround(Mounts(home, workspace, shared, _harbor_binds(task, root) if harbor else ()),
-                        tuple(dropped + hooks), tuple(suspicious))
+    binds, ro_binds = _harbor_binds(task, root) if harbor else ((), ())
+    return VerifyGround(Mounts(home, workspace, shared, binds, ro_binds), tuple(dropped + hooks), tuple(suspicious))
 
 
-def _harbor_binds(task: TaskSpec, root: Path) -> tuple[tuple[Path, str], ...]:
-    """A Harbor verifier's folders: the task's tests at /tests, an empty /logs/verifier for its reward."""
+def _harbor_binds(task: TaskSpec, root: Path) -> tuple[tuple[tuple[Path, str], ...], tuple[tuple[Path, str], ...]]:
+    """A Harbor verifier's folders (writable, read-only): an empty /logs/verifier for its reward, made here and
+    nowhere the agent was; the task's tests at /tests, read-only, so that the agent's code the tests import
+    cannot rewrite test.sh or the tests while they run."""
     tests, logs = root / "tests", root / "logs"
     if task.tests:
         copy_without_privileges(task.tests, tests)
     tests.mkdir(exist_ok=True)
     (logs / "verifier").mkdir(parents=True)
-    return (tests, TESTS_AT), (logs, LOGS_AT)
+    return ((logs, LOGS_AT),), ((tests, TESTS_AT),)
 
 
 def home_hooks(home: Path) -> list[str]:

@@ -119,13 +119,18 @@ def test_rewards_read_from_the_verifier_logs(tmp_path):
     (logs / "verifier" / "reward.txt").write_text("0.25\n")
     assert read_reward(logs) == (0.25, None, None)
     (logs / "verifier" / "reward.json").write_text('{"reward": 0.5, "style": 1}')
-    assert read_reward(logs) == (0.5, {"reward": 0.5, "style": 1.0}, None)  # reward.json first
+    assert "both reward.json and reward.txt" in read_reward(logs)[2]  # test.sh writes one: the other is forged
+    (logs / "verifier" / "reward.txt").unlink()
+    assert read_reward(logs) == (0.5, {"reward": 0.5, "style": 1.0}, None)
     (logs / "verifier" / "reward.json").write_text('{"accuracy": 0.75}')
     assert read_reward(logs) == (0.75, {"accuracy": 0.75}, None)  # a single entry is the reward
     (logs / "verifier" / "reward.json").write_text('{"a": 1, "b": 0}')
     assert "names no main `reward` among a, b" in read_reward(logs)[2]
+    for text in ('{"reward": NaN}', '{"reward": 7}', '{"reward": -1}', '{"reward": 1, "style": Infinity}'):
+        (logs / "verifier" / "reward.json").write_text(text)
+        reward, _, problem = read_reward(logs)
+        assert reward is None and problem, text  # the agent's code could have written it: 0, flagged
     (logs / "verifier" / "reward.json").unlink()
-    (logs / "verifier" / "reward.txt").unlink()
     os.symlink("/etc/hostname", logs / "verifier" / "reward.txt")
     assert read_reward(logs)[0] is None and "symlink" in read_reward(logs)[2]
 
