@@ -31,7 +31,7 @@ def test_demo_tasks_load() -> None:
     assert calc.evaluator.kind == "pytest" and calc.evaluator.pytest == ("tests/test_calc.py",)
     assert calc.evaluator.timeout_s == 60
     assert calc.timeout_s == 120 and calc.session_timeout_s > calc.timeout_s
-    assert dict(calc.metadata) == {"repo": "calc", "difficulty": "trivial"}
+    assert dict(calc.metadata) == {"repo": "calc", "difficulty": "trivial", "fix": "sed -i 's/a - b/a + b/' calc.py"}
     assert select_task(tasks, "fix-greet", DEMO).task_id == "fix-greet"
     with pytest.raises(TaskError, match="pick one with --task-id"):
         select_task(tasks, None, DEMO)
