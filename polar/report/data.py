@@ -159,7 +159,8 @@ def _sample_rows(layout: Layout, traj: pd.DataFrame) -> pd.DataFrame:
                          "harness": r.get("adapter") or "unknown", "status": r["status"],
                          "failure": r.get("failure"), "reason": r.get("reason"), "reward": r.get("reward"),
                          "node": r.get("node"), "timings": r.get("timings") or {},
-                         "tampered": list(r.get("tampered") or []), "attempts": int(r.get("attempts") or 1),
+                         "tampered": list(r.get("tampered") or []), "suspicious": list(r.get("suspicious") or []),
+                         "attempts": int(r.get("attempts") or 1),
                          "reassigned_from": list(r.get("reassigned_from") or []), "engine": r.get("engine")})
         return pd.DataFrame(rows)
     timings = dict((layout.info.get("timings") or {})) if layout.kind == "run" else {}
@@ -171,10 +172,11 @@ def _sample_rows(layout: Layout, traj: pd.DataFrame) -> pd.DataFrame:
                      "harness": first["harness"], "status": first["status"], "failure": outcome.get("failure"),
                      "reason": outcome.get("reason"), "reward": first["reward"], "node": None, "timings": timings,
                      "tampered": list((first["meta"].get("task") or {}).get("tampered") or []),
+                     "suspicious": list((first["meta"].get("task") or {}).get("suspicious") or []),
                      "attempts": int((first["meta"].get("sample") or {}).get("attempts") or 1),
                      "reassigned_from": list((first["meta"].get("sample") or {}).get("reassigned_from") or [])})
     return pd.DataFrame(rows, columns=["sample_id", "task_id", "group_id", "harness", "status", "failure",
-                                       "reason", "reward", "node", "timings", "tampered", "attempts",
+                                       "reason", "reward", "node", "timings", "tampered", "suspicious", "attempts",
                                        "reassigned_from"])
 
 

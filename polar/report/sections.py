@@ -113,10 +113,18 @@ def status(d: ReportData) -> str:
     body += _call_errors(d)
     tampered = s[s["tampered"].map(bool)] if "tampered" in s else s.iloc[:0]
     if len(tampered):
-        body.append(note(f"{len(tampered)} sample(s) tampered with the verifier (protected files changed or Python "
-                         "start-up hooks left in HOME; restored before scoring):"))
+        body.append(note(f"{len(tampered)} sample(s) tampered with the verifier (changes outside the task's `submit` "
+                         "allowlist, or Python start-up hooks left in HOME; dropped before scoring):"))
         body.append(table(["sample", "task", "reward", "tampered"],
                           [[r.sample_id, r.task_id, r.reward, ", ".join(r.tampered)] for r in tampered.itertuples()]))
+    suspicious = s[s["suspicious"].map(bool)] if "suspicious" in s else s.iloc[:0]
+    if len(suspicious):
+        body.append(note(f"{len(suspicious)} sample(s) with suspicious changes (process exit, atexit, pytest "
+                         "internals, import hooks, compiled files; or the observer's flags), whether or not they "
+                         "paid:"))
+        body.append(table(["sample", "task", "reward", "suspicious"],
+                          [[r.sample_id, r.task_id, r.reward, "; ".join(r.suspicious[:5])]
+                           for r in suspicious.itertuples()]))
     moved = s[s["reassigned_from"].map(bool)] if "reassigned_from" in s else s.iloc[:0]
     if len(moved):
         body.append(note(f"{len(moved)} sample(s) reassigned: their node was lost, they started again elsewhere "

@@ -191,12 +191,16 @@ def run_pytest(send, ini, files, rootdir=None):
     conftest boundary (a Harbor task's: its read-only /tests), importlib imports, no cache; test folders, then
     the workspace, at the END of sys.path (the standard library and pytest come first, whatever the workspace
     names its modules)."""
+    try:  # before the workspace is on sys.path: pytest is the image's, whatever the workspace holds
+        import pytest
+    except ImportError as e:
+        send("no-pytest", str(e))
+        return 3
     workspace = os.getcwd()
     rootdir = rootdir or workspace
     for d in [*sorted({os.path.dirname(os.path.join(workspace, f)) for f in files}), workspace]:
         if d not in sys.path:
             sys.path.append(d)
-    import pytest
 
     plugin = make_observer(pytest, send, conftest_files(rootdir))
     args = ["-c", ini, "--rootdir", rootdir, "--confcutdir", rootdir, "-p", "no:cacheprovider",

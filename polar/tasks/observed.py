@@ -21,6 +21,7 @@ from polar.tasks.spec import EvaluatorSpec
 from polar.tasks.verify import AgentFileError, read_beneath
 
 RUNNER = "polar_observe.py"
+COPY_LIMIT = 32 << 20  # bytes of a python evaluator's package copied into the sandbox at most
 EMPTY_INI = "pytest.ini"  # Polar's own, empty: no workspace configuration is read
 
 
@@ -66,6 +67,9 @@ def run_pytest(spec: EvaluatorSpec, sandbox: Sandbox, mounts: Mounts, out: Path,
     channel = Channel(folder)
     argv = ["python3", "-I", str(folder / RUNNER), "pytest", str(channel.path), str(ini), "--", *spec.pytest]
     records, output, code, late = _exec(argv, spec, sandbox, mounts, out, timeout_s, channel)
+    if records.of("no-pytest"):
+        raise EvaluatorCrash(f"pytest cannot be imported in the task's image: {records.of('no-pytest')[0][0]}",
+                             output)
     if late is not None:
         return late
     verdict = judge(expected, records)
@@ -108,7 +112,7 @@ def _python_verdict(spec: EvaluatorSpec, records: Records, output: str, code: in
 
 def copy_module(module: str, dest: Path) -> Path:
     """The evaluator's module found on this host's path (the current folder first) without importing it, copied
-    under dest with the .py files beside it and its packages' __init__.py files."""
+    under dest with the rest of its top-level package's .py files (what it may import of its own project)."""
     parts = module.split(".")
     for root in [Path.cwd(), *map(Path, filter(None, sys.path))]:
         base = root.joinpath(*parts)
@@ -118,12 +122,19 @@ def copy_module(module: str, dest: Path) -> Path:
     else:
         raise EvaluatorCrash(f"No module named {module!r} on the host's path (no {'/'.join(parts)}.py to copy into "
                              "the verify sandbox)")
-    target = dest.joinpath(*found.parent.relative_to(root).parts)
-    target.mkdir(parents=True, exist_ok=True)
-    for py in found.parent.glob("*.py"):
-        shutil.copyfile(py, target / py.name)
-    for depth in range(1, len(found.parent.relative_to(root).parts)):
-        init = root.joinpath(*parts[:depth], "__init__.py")
-        if init.is_file():
-            shutil.copyfile(init, dest.joinpath(*parts[:depth], "__init__.py"))
+    dest.mkdir(parents=True, exist_ok=True)
+    if len(parts) == 1 and found.name != "__init__.py":
+        shutil.copyfile(found, dest / found.name)
+        return dest
+    top, total = root / parts[0], 0
+    for py in sorted(top.rglob("*.py")):
+        rel = py.relative_to(root)
+        if "__pycache__" in rel.parts or any(p.startswith(".") for p in rel.parts):
+            continue
+        total += py.stat().st_size
+        if total > COPY_LIMIT:
+            raise EvaluatorCrash(f"evaluator module {module!r}: its package {top} holds more than {COPY_LIMIT} "
+                                 "bytes of .py files to copy into the verify sandbox")
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(py, dest / rel)
     return dest

@@ -47,6 +47,7 @@ class Channel:
         self.path = folder / "observer.sock"
         self.nonce = secrets.token_hex(16)
         self.records = Records()
+        self._conn: socket.socket | None = None
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         dir_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:  # through the folder's fd: a sample folder's path may pass AF_UNIX's 108 bytes
@@ -67,6 +68,7 @@ class Channel:
         finally:
             self._listener.close()  # one runner; nobody after it
             self.path.unlink(missing_ok=True)
+        self._conn = conn
         with conn:
             self.records.connected = True
             conn.sendall(self.nonce.encode("ascii"))
@@ -102,6 +104,12 @@ class Channel:
     def close(self, wait_s: float = 10.0) -> Records:
         """The records, once the runner's end closed (its processes are gone when exec returned)."""
         self._thread.join(wait_s)
+        if self._conn is not None and self._thread.is_alive():  # a process the sandbox left holds its end
+            try:
+                self._conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            self._thread.join(1.0)
         try:
             self._listener.close()
         except OSError:

@@ -8,8 +8,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from polar.tasks.verify import AgentFileError, read_beneath
 
 ADAPTER = Path(__file__).with_name("one-call.yaml")
@@ -42,9 +40,12 @@ def score(workspace: Path, summary: dict[str, Any]) -> dict[str, Any]:
 
 
 def write_tasks(path: Path, n_tasks: int, timeout_s: int = 60) -> Path:
-    """A tasks file of `n_tasks` vowel tasks (prompts cycled), harness one-call.yaml, scored by score()."""
+    """A tasks file of `n_tasks` vowel tasks (prompts cycled), harness one-call.yaml, scored by score() (in the
+    verify sandbox: this module imports only the standard library and Polar's own verify.py at its top)."""
+    import yaml
+
     tasks = [{"task_id": f"vowels-{i}", "instruction": PROMPTS[i % len(PROMPTS)], "adapter": str(ADAPTER),
-              "image": "host", "timeout_s": timeout_s,
+              "image": "host", "timeout_s": timeout_s, "submit": ["answer.json"],
               "evaluator": {"python": "polar.trl.task:score", "timeout_s": 60}} for i in range(n_tasks)]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump({"tasks": tasks}, sort_keys=False))

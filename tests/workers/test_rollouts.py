@@ -35,12 +35,15 @@ HERE = Path(__file__).parent
 ROOT = HERE.parents[1]
 DEMO_TASKS = ROOT / "fixtures" / "tasks" / "tasks.yaml"  # three repos with a failing test, in the tasks image
 TASKS = {
-    "coin": {"instruction": "Flip the coin.", "evaluator": {"command": "grep -qx heads coin.txt", "timeout_s": 30}},
-    "slow": {"instruction": "Wait SLOW.", "evaluator": {"command": "test -f waited.txt", "timeout_s": 30}},
-    "long": {"instruction": "Wait LONG.", "evaluator": {"command": "true", "timeout_s": 30}},
+    "coin": {"instruction": "Flip the coin.", "evaluator": {"command": "grep -qx heads coin.txt", "timeout_s": 30},
+             "submit": ["coin.txt"]},  # the new files the agent's work may add (docs/tasks.md "submit")
+    "slow": {"instruction": "Wait SLOW.", "evaluator": {"command": "test -f waited.txt", "timeout_s": 30},
+             "submit": ["waited.txt"]},
+    "long": {"instruction": "Wait LONG.", "evaluator": {"command": "true", "timeout_s": 30}, "submit": []},
     "count": {"instruction": "Count to three.",
-              "evaluator": {"command": "test $(wc -l < count.txt) -eq 3", "timeout_s": 30}},
-    "exit127": {"instruction": "Break the verifier.",  # the scorer imports the agent's answer.py, which exits 127
+              "evaluator": {"command": "test $(wc -l < count.txt) -eq 3", "timeout_s": 30}, "submit": ["count.txt"]},
+    "exit127": {"instruction": "Break the verifier.", "submit": ["answer.py"],
+                # the scorer imports the agent's answer.py, which exits 127
                 # prints 0 first: on the untouched workspace (no answer.py) that is its reward (polar/tasks/precheck.py)
                 "evaluator": {"command": "python3 -I -c 'import sys; print(0); sys.path.insert(0, \".\"); import answer'",
                               "reward": "stdout", "timeout_s": 30}},

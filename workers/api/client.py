@@ -89,6 +89,7 @@ def _task_fields(spec: Any) -> dict[str, Any]:
     entry = {"task_id": spec.task_id, "instruction": spec.instruction, "evaluator": _evaluator(spec.evaluator),
              "image": spec.image, "timeout_s": spec.timeout_s, "session_timeout_s": spec.session_timeout_s,
              "metadata": dict(spec.metadata) or None, "protected": list(spec.protected) or None,
+             "submit": spec.submit.to_dict() if spec.submit else None,
              "reward_range": list(spec.reward_range), "max_calls": spec.max_calls}
     for k in ("workspace", "tests"):
         if getattr(spec, k) is not None:
@@ -105,6 +106,8 @@ def _evaluator(ev: Any) -> dict[str, Any]:
             out["reward_file"] = ev.reward_file
     elif ev.kind == "files":
         out["files"] = dict(ev.files)
+    elif ev.kind == "pytest":
+        out["pytest"] = list(ev.pytest)
     else:
         out["python"] = ev.python
     return out

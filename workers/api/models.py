@@ -30,6 +30,7 @@ class TaskFields(Body):
     metadata: dict[str, Any] | None = None
     tests: str | None = None
     protected: list[str] | None = None
+    submit: list[str] | dict[str, Any] | None = None  # what the agent's work may contribute (docs/tasks.md)
     reward_range: list[float] | None = None
     max_calls: int | None = Field(None, ge=1)
 
@@ -55,6 +56,7 @@ class ShortTask(Body):
     metadata: dict[str, Any] | None = None
     tests: str | None = None
     protected: list[str] | None = None
+    submit: list[str] | dict[str, Any] | None = None
 
 
 class Agent(Body):
@@ -85,6 +87,7 @@ class TaskRequest(Body):
     workspace: str | None = None  # beyond Polar's TaskRequest: our tasks carry a workspace and an image
     image: str | None = None
     tests: str | None = None
+    submit: list[str] | dict[str, Any] | None = None  # what the agent's work may contribute (docs/tasks.md)
 
 
 class PolicyPause(Body):
@@ -144,7 +147,7 @@ def _entry(fields: dict[str, Any], root: Path) -> dict[str, Any]:
 
 def from_short(body: ShortTask, root: Path) -> Submission:
     single = {k: getattr(body, k) for k in ("task_id", "instruction", "evaluator", "workspace", "image", "timeout_s",
-                                            "metadata", "tests", "protected")}
+                                            "metadata", "tests", "protected", "submit")}
     if body.tasks is not None:
         if any(v is not None for v in single.values()):
             raise BadRequest("tasks", "give either tasks or one task's fields (task_id, instruction, …), not both")
@@ -172,7 +175,7 @@ def from_task_request(body: TaskRequest, root: Path) -> Submission:
     metadata = {**body.metadata, **({"model_name": body.agent.model_name} if body.agent.model_name else {})}
     task = _entry({"task_id": body.task_id, "instruction": body.instruction, "evaluator": body.evaluator,
                    "workspace": body.workspace, "image": _image(body.image, body.runtime), "tests": body.tests,
-                   "timeout_s": body.timeout_seconds, "metadata": metadata or None}, root)
+                   "timeout_s": body.timeout_seconds, "metadata": metadata or None, "submit": body.submit}, root)
     extra = {"runtime": body.runtime, "dispatch_priority": body.dispatch_priority,
              "early_stop_min_usable_sessions": body.early_stop_min_usable_sessions,
              "trajectory_strategy": _strategy(body.builder.strategy)}

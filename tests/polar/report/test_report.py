@@ -176,6 +176,7 @@ def make_batch(root: Path, tiny_model_dir: Path) -> Path:
                                                       "postrun_s": 0.25},
                   "trajectories": str(built.path), "capture_files": [str(capture)], "node": "node-1",
                   "tampered": ["conftest.py"] if i == 1 else [],
+                  "suspicious": ["calc.py: process exit (os._exit)"] if i == 1 else [],
                   "attempts": 2 if i == 2 else 1, "reassigned_from": ["node-2"] if i == 2 else []}
         (folder / "result.json").write_text(json.dumps(result))
     (root / "batch.json").write_text(json.dumps({"batch_id": "b1", "engine": "polar serve (reference)",
@@ -196,6 +197,7 @@ def test_batch_page_in_chromium(tmp_path, tiny_model_dir):
         assert f'data-plot="{plot}"' in rendered, plot
     assert "sandbox failed to start" in rendered and "agent_timeout" in rendered
     assert "1 sample(s) tampered with the verifier" in rendered
+    assert "1 sample(s) with suspicious changes" in rendered and "calc.py: process exit (os._exit)" in rendered
     assert "1 sample(s) reassigned" in rendered  # its node was lost (workers/heartbeat.py)
     assert re.search(r"<td[^>]*>2</td><td[^>]*>node-2</td>", rendered)
     assert re.search(r"<td[^>]*>fix-a-pi-1</td><td[^>]*>fix-a</td><td[^>]*>0</td><td[^>]*>conftest.py</td>", rendered)

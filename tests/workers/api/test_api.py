@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[3]
 POLICY = ROOT / "tests" / "workers" / "rollout_policy.yaml"
 TOKEN = "test-token-" + "x" * 16
 COIN = {"instruction": "Flip the coin.", "image": "host", "timeout_s": 240,
-        "evaluator": {"command": "grep -qx heads coin.txt", "timeout_s": 30}}
+        "evaluator": {"command": "grep -qx heads coin.txt", "timeout_s": 30}, "submit": ["coin.txt"]}
 
 
 @dataclass
@@ -144,7 +144,7 @@ def test_task_request_by_curl_with_signed_callbacks(api: Api):
                "early_stop_min_usable_sessions": None, "timeout_seconds": 240, "runtime": "bwrap",
                "agent": {"harness": "pi", "model_name": "polar-policy", "env": {}},
                "builder": {"strategy": "prefix_merging"}, "evaluator": COIN["evaluator"],
-               "callback_url": receiver.url, "metadata": {"source": "curl"}}
+               "submit": COIN["submit"], "callback_url": receiver.url, "metadata": {"source": "curl"}}
     done = subprocess.run(["curl", "-sS", "-X", "POST", f"{api.url}/rollout/task/submit",
                            "-H", f"Authorization: Bearer {TOKEN}", "-H", "Content-Type: application/json",
                            "-d", json.dumps(request)], capture_output=True, text=True, timeout=60)
