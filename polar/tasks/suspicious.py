@@ -24,6 +24,7 @@ SIGNS: tuple[tuple[str, re.Pattern[bytes]], ...] = (
                                     re.M)),
     ("builtins", re.compile(rb"\b__builtins__\b|\bimport\s+builtins\b|\bbuiltins\s*\.")),
     ("import hooks", re.compile(rb"\bsys\s*\.\s*(meta_path|path_hooks|path_importer_cache)\b|\bimportlib\b")),
+    ("Harbor verifier paths", re.compile(rb"/logs/verifier\b|/tests/test\.sh\b")),  # test.sh's reward, test.sh
     ("interpreter internals", re.compile(rb"\bgc\s*\.\s*get_(objects|referrers)\b|\bsys\s*\._getframe\b|"
                                          rb"/proc/self/fd|\bsys\s*\.\s*settrace\b|\bsys\.setprofile\b")),
 )

@@ -34,7 +34,7 @@ RUNTIMES = ["bwrap", "apptainer", "docker"]
 HACKS = {
     "harbor-reward-json": "/logs/verifier/reward.json",
     "harbor-reward-txt-ro": "/logs/verifier/reward.txt",
-    "harbor-test-sh-append": None,  # /tests is read-only: the append fails, test.sh writes its own 0
+    "harbor-test-sh-append": "Harbor verifier paths",  # /tests is read-only: the append fails, test.sh says 0
     "exit0-import": "process exit",
     "harbor-reward-nan": "/logs/verifier/reward.json",
     "harbor-reward-range": "/logs/verifier/reward.txt",
