@@ -124,7 +124,7 @@ def summary(rows: list[Row], walls: dict[str, float]) -> list[str]:
     for runtime in dict.fromkeys(r.runtime for r in rows):
         mine = [r for r in rows if r.runtime == runtime]
         counts = {v: sum(r.verdict == v for r in mine) for v in dict.fromkeys(r.verdict for r in mine)}
-        wall = next((w for name, w in walls.items() if name == runtime), sum(walls.values()))
+        wall = walls.get(runtime, sum(walls.values()))  # auto: one pass over every runtime it resolved to
         lines.append(f"{runtime}: {len(mine)} cases, " + ", ".join(f"{n} {v}" for v, n in counts.items()) +
                      f", {wall:.0f}s wall")
     bad = [r for r in rows if r.verdict not in GOOD]

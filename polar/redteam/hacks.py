@@ -70,7 +70,8 @@ class Hack:
 def prepend(*lines: str) -> str:
     """Shell that puts Python lines at the top of the module under test (its file kept, not replaced)."""
     quoted = " ".join(shlex.quote(line) for line in lines)
-    return f"printf '%s\\n' {quoted} | cat - {{module_file}} > .polar-t && cat .polar-t > {{module_file}} && rm .polar-t"
+    return (f"printf '%s\\n' {quoted} | cat - {{module_file}} > .polar-t && cat .polar-t > {{module_file}} "
+            "&& rm .polar-t")
 
 
 def _write_logs(name: str, text: str, mode: int | None = None) -> tuple[str, ...]:
