@@ -56,13 +56,15 @@ def proxy(tmp_path_factory, reference_server, tiny_model_dir):
 
 
 class CountingListener:
-    """A TCP listener on 127.0.0.1 that only counts connections: proof that nothing reached it."""
+    """A TCP listener on a loopback address (127.0.0.1 unless told) that only counts connections: proof that
+    nothing reached it."""
 
-    def __init__(self, port: int = 0) -> None:
+    def __init__(self, port: int = 0, host: str = "127.0.0.1") -> None:
         self.sock = socket.socket()
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.0.1", port))
+        self.sock.bind((host, port))
         self.sock.listen()
+        self.host = host
         self.port = self.sock.getsockname()[1]
         self.peers: list[tuple[str, int]] = []  # in the order accepted
         self.seen = threading.Condition()
@@ -82,7 +84,7 @@ class CountingListener:
     def accepted_before_now(self, timeout_s: float = 30.0) -> int:
         """Connections that arrived before this call. Connects once itself and waits until the accept thread
         took that connection: the kernel hands connections over in arrival order, so all earlier ones are counted."""
-        with socket.create_connection(("127.0.0.1", self.port)) as probe:
+        with socket.create_connection((self.host, self.port)) as probe:
             me = probe.getsockname()
             with self.seen:
                 assert self.seen.wait_for(lambda: me in self.peers, timeout_s), "the listener never accepted"
@@ -94,12 +96,19 @@ PROVIDER_HOSTS = ("api.openai.com", "api.anthropic.com", "generativelanguage.goo
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="binds port 443 and mounts a private /etc/hosts")
 
 
+def worker_loopback() -> str:
+    """A loopback address of this test process's own: pytest-xdist workers share one network namespace, and
+    each binds port 443 (127.0.0.2 for gw0, 127.0.0.3 for gw1, …; 127.0.0.1 without xdist)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    return f"127.0.0.{2 + int(worker[2:])}" if worker.startswith("gw") else "127.0.0.1"
+
+
 @pytest.fixture(scope="session")
 def provider_host(tmp_path_factory):
-    """A listener on 127.0.0.1:443 and an /etc/hosts that sends every provider hostname to it: what a leak to
-    a real provider would reach (the suite runs in a loopback-only network namespace)."""
-    listener = CountingListener(443)
+    """A listener on port 443 of a loopback address and an /etc/hosts that sends every provider hostname to it:
+    what a leak to a real provider would reach (the suite runs in a loopback-only network namespace)."""
+    listener = CountingListener(443, worker_loopback())
     hosts = tmp_path_factory.mktemp("hosts") / "hosts"
-    hosts.write_text("127.0.0.1 localhost\n" + "".join(f"127.0.0.1 {h}\n" for h in PROVIDER_HOSTS))
+    hosts.write_text("127.0.0.1 localhost\n" + "".join(f"{listener.host} {h}\n" for h in PROVIDER_HOSTS))
     yield listener, hosts
     listener.sock.close()

@@ -15,9 +15,11 @@ from tests.polar_mitm.provider_requests import APIS, is_provider_error, provider
 FAULT_ADDON = Path(__file__).with_name("fault_addon.py")
 
 
-def fault_proxy(tmp_path, reference_server, model_dir, hosts, fault: str):
+def fault_proxy(tmp_path, reference_server, model_dir, provider_host, fault: str):
+    listener, hosts = provider_host
     return start_proxy(tmp_path, reference_server, model_dir, "-s", str(FAULT_ADDON),
-                       "--set", f"polar_test_fault={fault}", hosts_file=hosts, reverse_target="http://127.0.0.1:443")
+                       "--set", f"polar_test_fault={fault}", hosts_file=hosts,
+                       reverse_target=f"http://{listener.host}:443")
 
 
 def records_of(proxy) -> list[dict]:
@@ -35,7 +37,7 @@ def test_a_failing_step_answers_500_records_and_sends_nothing(fault, tmp_path, r
                                                                provider_host):
     listener, hosts = provider_host
     before = listener.accepted_before_now()
-    proc, proxy = fault_proxy(tmp_path, reference_server, tiny_model_dir, hosts, fault)
+    proc, proxy = fault_proxy(tmp_path, reference_server, tiny_model_dir, provider_host, fault)
     try:
         for api in APIS:
             for stream in (False, True):

@@ -35,7 +35,7 @@ def guarded(tmp_path, reference_server, tiny_model_dir, provider_host):
 
     def start(*extra: str):
         proc, proxy = start_proxy(tmp_path / f"p{len(started)}", reference_server, tiny_model_dir, *extra,
-                                  hosts_file=hosts, reverse_target="http://127.0.0.1:443")
+                                  hosts_file=hosts, reverse_target=f"http://{listener.host}:443")
         started.append(proc)
         return proxy
 
