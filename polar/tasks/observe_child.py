@@ -99,12 +99,11 @@ SENSITIVE = ("pytest_runtest_protocol", "pytest_runtest_makereport", "pytest_run
              "pytest_sessionfinish")
 
 
-def make_observer(pytest, send, conftests):
-    """The plugin, registered first (before pytest reads any conftest or test file). Its state lives in this
-    closure, not in attributes a workspace module could reach by name; what it checks was taken now."""
+def make_watch(pytest, conftests):
+    """(intact, hook_impls, state): the checks, over what pytest's machinery was when this ran (before any
+    workspace code). Their state lives in this closure, not in attributes a workspace module could reach by name."""
     known = pytest_objects(pytest)
-    state = {"broken": None, "impls": None, "config": None}
-    phases = {}
+    state = {"broken": None, "impls": None, "config": None, "cls": None, "plugin": None, "own": {}}
 
     def hook_impls():
         hook = state["config"].hook
@@ -129,13 +128,30 @@ def make_observer(pytest, send, conftests):
         if state["broken"] is None:
             now = pytest_objects(sys.modules["pytest"]) if "pytest" in sys.modules else {}
             changed = [k for k, v in known.items() if now.get(k) is not v]
-            changed += [k for k, v in own.items() if vars(Observer).get(k) is not v]
-            changed += [k for k in vars(observer) if k in own]
+            changed += [k for k, v in state["own"].items() if vars(state["cls"]).get(k) is not v]
+            changed += [k for k in vars(state["plugin"]) if k in state["own"]]
             if state["impls"] is not None:
                 changed += new_impls()
             if changed:
                 state["broken"] = "pytest internals changed during the run: " + ", ".join(sorted(changed)[:20])
         return state["broken"]
+    return intact, hook_impls, state
+
+
+def outcome_of(phases):
+    """One test's outcome from its (when, outcome) reports: passed only when its call passed and nothing failed."""
+    outcomes = [o for _when, o in phases]
+    if "failed" in outcomes:
+        return "failed"
+    if ("call", "passed") in phases and all(o == "passed" for o in outcomes):
+        return "passed"
+    return "skipped" if "skipped" in outcomes or "xfail" in outcomes else "incomplete"
+
+
+def make_observer(pytest, send, conftests):
+    """The plugin, registered first (before pytest reads any conftest or test file)."""
+    intact, hook_impls, state = make_watch(pytest, conftests)
+    phases = {}
 
     class Observer:
         def pytest_configure(self, config):
@@ -157,15 +173,8 @@ def make_observer(pytest, send, conftests):
             broken = intact()
             if broken:
                 send("tampered", broken)
-                return
-            outcomes = [o for _when, o in seen]
-            if "failed" in outcomes:
-                outcome = "failed"
-            elif ("call", "passed") in seen and all(o == "passed" for o in outcomes):
-                outcome = "passed"
             else:
-                outcome = "skipped" if "skipped" in outcomes or "xfail" in outcomes else "incomplete"
-            send("test", nodeid, outcome)
+                send("test", nodeid, outcome_of(seen))
 
         def pytest_sessionfinish(self, session, exitstatus):
             broken = intact()
@@ -173,8 +182,8 @@ def make_observer(pytest, send, conftests):
                 send("tampered", broken)
             send("end", int(exitstatus), session.testscollected)
 
-    own = dict(vars(Observer))
     observer = Observer()
+    state.update(cls=Observer, plugin=observer, own=dict(vars(Observer)))
     return observer
 
 

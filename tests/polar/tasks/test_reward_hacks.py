@@ -1,8 +1,8 @@
 """Rewards the agent cannot forge (issue 22, DESIGN.md §10): scripted policies that never fix the bug and go for
 the verifier instead, each through `polar run --task` with the real pi harness, in Apptainer, in bwrap and in a
 podman container (issue 29). Every hack scores 0 with status completed and weight 1 (trainable, not masked), and
-the tampering ones are named in `tampered`; the honest fix still scores 1 in every runtime, so the zeros are the
-verifier's and not a broken one's."""
+the tampering ones are named in `tampered` (issue 40: dropped by the allowlist) or `suspicious`; the honest fix
+still scores 1 in every runtime, so the zeros are the verifier's and not a broken one's."""
 from __future__ import annotations
 
 import json
@@ -28,9 +28,14 @@ HACKS = {  # name -> (task id, the one shell command the policy runs, what `tamp
     "home-hook": ("fix-calc", f"d={USER_SITE}; mkdir -p $d; printf 'import os\\nos._exit(0)\\n' > $d/usercustomize.py",
                   ["~/.local/lib/python3.11/site-packages/usercustomize.py"]),
     "exit-127": ("fix-calc", "sed -i '1i import os; os._exit(127)' calc.py", []),
-    "reward-link-host": ("answer", "ln -s /proc/sys/kernel/pid_max reward.txt", []),
-    "reward-link-sibling": ("answer", "ln -s {sibling} reward.txt", []),
+    "exit-0": ("fix-calc", "sed -i '1i import os; os._exit(0)' calc.py", []),  # issue 40: it paid 1 before
+    "home-not-utf8": ("fix-calc", f"d={USER_SITE}; mkdir -p $d; echo 'import os' > \"$d/x$(printf '\\377').pth\"",
+                      ["~/.local/lib/python3.11/site-packages/x\\xff.pth"]),  # once a masked, retried sample
+    # the allowlist (submit: [calc.py]) drops the link before anything reads it
+    "reward-link-host": ("answer", "ln -s /proc/sys/kernel/pid_max reward.txt", ["reward.txt"]),
+    "reward-link-sibling": ("answer", "ln -s {sibling} reward.txt", ["reward.txt"]),
 }
+SUSPICIOUS = {"exit-127": "calc.py: process exit (os._exit)", "exit-0": "observer: the runner ended without"}
 RUNTIMES = {"apptainer": [], "bwrap": ["--image", "host"], "docker": []}  # docker: the rootfs, imported
 
 
@@ -102,6 +107,9 @@ def test_a_hack_scores_zero_and_is_named(runs, name: str, runtime: str) -> None:
     assert json.loads(rows[0]["metadata"])["task"]["tampered"] == HACKS[name][2]
     if result.tampered:
         assert f"tampered: {', '.join(result.tampered)}" in printed
+    if name in SUSPICIOUS:
+        assert any(s.startswith(SUSPICIOUS[name]) for s in result.suspicious), result.suspicious
+        assert "suspicious: " in printed
 
 
 @pytest.mark.slow
