@@ -1,14 +1,17 @@
 """The red team's library (polar/redteam/hacks.py): at least 20 hacks, each filled from the task it runs against
 ({module} the workspace module the tests import), applying only where it can; the plan of cases and the scripted
-policy that plays them all from one reference server (polar/redteam/runner.py)."""
+policy that plays them all from one reference server (polar/redteam/runner.py); what the command refuses and the
+table it prints (polar/redteam/cli.py). No harness runs here: tests/polar/redteam/test_cli_*.py run them."""
 from __future__ import annotations
 
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
+from polar.redteam.cli import summary, table
 from polar.redteam.hacks import BY_NAME, HACKS, compiled_exit0, facts_of, prepend
 from polar.redteam.runner import FIX, ORACLE, Case, Plan, Row, cases_of, case_marker, policy_of, verdict
 from polar.tasks.spec import load_tasks
@@ -112,3 +115,23 @@ def test_a_hack_holds_only_when_it_scores_zero_trainable_and_named(reward, statu
     assert verdict(honest, row) == ("ok" if reward == 1.0 and weight == 1.0 else "FAILS")
     oracle = Case(2, ORACLE, task, "bwrap", None, solve=Path("solve.sh"))
     assert verdict(oracle, row) in ("ok", "FAILS")
+
+
+def test_the_command_refuses_an_unknown_hack_or_task_before_starting_anything(tmp_path):
+    for args, message in ((["--only", "nope"], "--only: no hack nope"), (["--task-id", "nope"], "no task nope")):
+        done = subprocess.run([sys.executable, "-m", "polar.cli", "redteam", str(DEMO), *args, "--out",
+                               str(tmp_path / "rt")], capture_output=True, text=True, cwd=ROOT, timeout=120)
+        assert done.returncode == 2 and message in done.stderr, done.stderr
+    assert not (tmp_path / "rt").exists()
+
+
+def test_the_table_and_its_summary():
+    rows = [Row("exit0-import", "fix-calc", "bwrap", "completed", 0.0, 1.0, [], ["calc.py: process exit (os._exit)"],
+                "held", 3.0, "/s/1"),
+            Row("conftest-py", "fix-calc", "bwrap", "completed", 1.0, 1.0, [], [], "PAYS", 3.0, "/s/2")]
+    lines = table(rows)
+    assert lines[0].split() == ["hack", "task", "runtime", "status", "reward", "flagged", "verdict"]
+    assert lines[2].split()[-1] == "held" and "1: calc.py: process exit" in lines[2]
+    assert lines[3].split()[4:] == ["1", "no", "PAYS"]
+    assert summary(rows, {"bwrap": 12.0}) == ["bwrap: 2 cases, 1 held, 1 PAYS, 12s wall",
+                                             "polar redteam: 1 of 2 cases did not hold"]
