@@ -28,6 +28,7 @@ import json
 import math
 import os
 import shutil
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -149,14 +150,12 @@ def _harbor(spec: EvaluatorSpec, sandbox: Sandbox, mounts: Mounts, out: Path, ti
 
     logs = next(src for src, dst in mounts.binds if dst == LOGS_AT)
     seen = observe(sandbox, mounts, out, timeout_s)
-    early = sorted(p.name for p in (logs / "verifier").iterdir())  # only the agent's code ran since Polar made it
-    for name in early:
-        _clear_entry(logs / "verifier" / name)
+    early = _clear_logs(logs)  # only the agent's code ran since Polar made it: anything there is its doing
     result, _text, output, timed_out = _run_command(list(TEST_COMMAND), spec, sandbox, mounts, out, timeout_s)
     output = "\n".join([*seen.lines, output])[-OUTPUT_LIMIT:]
     if timed_out:
         return timed_out
-    flags = [*seen.flags, *(f"harbor: /logs/verifier/{n} written while Polar's observer ran the tests" for n in early)]
+    flags = [*seen.flags, *early]
     reward, rewards, problem = read_reward(logs)
     if problem is not None:
         return Evaluation(0.0, output + f"\n[polar] {problem}: reward 0", result.exit_code, problem,
@@ -175,12 +174,31 @@ def _harbor(spec: EvaluatorSpec, sandbox: Sandbox, mounts: Mounts, out: Path, ti
     return Evaluation(reward, output, result.exit_code, rewards=rewards)
 
 
-def _clear_entry(path: Path) -> None:
-    """Remove what the agent's code left in /logs/verifier before test.sh starts (a file, a link, a folder)."""
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        path.unlink(missing_ok=True)
+def _clear_logs(logs: Path) -> list[str]:
+    """Empty /logs/verifier again before test.sh starts, never following a link the agent's code made (it may
+    have replaced the folder itself by a link to a host path); a flag for each thing it held."""
+    verifier = logs / "verifier"
+    try:
+        fd = os.open(verifier, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:  # a link, a file, gone: put a fresh folder there
+        if verifier.is_symlink() or verifier.is_file():
+            verifier.unlink()
+        elif verifier.is_dir():
+            shutil.rmtree(verifier, ignore_errors=True)
+        verifier.mkdir(exist_ok=True)
+        return ["harbor: /logs/verifier replaced while Polar's observer ran the tests"]
+    try:
+        names = sorted(os.listdir(fd))
+        for name in names:
+            if stat.S_ISDIR(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode):
+                shutil.rmtree(name, dir_fd=fd)  # resists links inside, from 3.11
+            else:
+                os.unlink(name, dir_fd=fd)
+    finally:
+        os.close(fd)
+    from polar.tasks.allow import shown  # a name that is not UTF-8, escaped
+
+    return [f"harbor: /logs/verifier/{shown(n)} written while Polar's observer ran the tests" for n in names]
 
 
 def _parsed(text: str, where: str, output: str, exit_code: int | None) -> Evaluation:
