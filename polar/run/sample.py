@@ -237,13 +237,7 @@ def postrun_sample(sample_dir: Path) -> SampleResult:
                           "suspicious": state.suspicious, **_named_rewards(state)}}
     entry["metadata"] = printable(entry["metadata"])  # names and keys the agent chose: never a failed build
     parquet, build_error = _build(out, files, entry, state.strategy)
-    if build_error and failure is None and build_error.startswith(CONTENT_FAILURE):
-        # the session's own content broke its rows: the agent's doing, so a trainable 0, never a masked retry
-        reward, reason = 0.0, build_error
-    elif build_error and failure is None:
-        status, failure, reason = "error", "infrastructure", build_error
-    elif build_error:  # the outcome stands; say why its rows are missing
-        reason = f"{reason}; {build_error}"
+    status, failure, reason, reward = after_build(status, failure, reason, reward, build_error)
     from polar_traj.outcomes import parse_entry, resolve  # lazy: numpy and the trajectory builder
 
     resolved = resolve(parse_entry({k: v for k, v in entry.items() if k != "metadata"} | {
@@ -258,6 +252,20 @@ def postrun_sample(sample_dir: Path) -> SampleResult:
     state.save()
     atomic.write_text(out / RESULT, json.dumps(result.to_dict(), indent=2))
     return result
+
+
+def after_build(status: str, failure: str | None, reason: str | None, reward: float | None,
+                build_error: str | None) -> tuple[str, str | None, str | None, float | None]:
+    """The outcome once the rows were built or not: rows the session's own content broke (the agent's doing) are
+    a trainable 0, never a masked retry; rows the host failed to write mask the sample; an earlier outcome
+    stands, with the reason its rows are missing."""
+    if build_error and failure is None and build_error.startswith(CONTENT_FAILURE):
+        return status, failure, build_error, 0.0
+    if build_error and failure is None:
+        return "error", "infrastructure", build_error, reward
+    if build_error:
+        return status, failure, f"{reason}; {build_error}", reward
+    return status, failure, reason, reward
 
 
 def printable(value: Any) -> Any:

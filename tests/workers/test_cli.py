@@ -31,7 +31,7 @@ def test_submit_reports_bad_tasks(tmp_path: Path, redis_base: str, capsys):
 def test_submit_sampling_flags(tmp_path: Path, redis_base: str, capsys):
     tasks = tmp_path / "tasks.yaml"
     tasks.write_text(yaml.safe_dump({"tasks": [{"task_id": "a", "instruction": "x", "adapter": "pi", "image": "host",
-                                                "evaluator": {"command": "true"}}]}))
+                                                "evaluator": {"command": "true"}, "submit": []}]}))
     broker = ["--broker", redis_base + "/3", "--out", str(tmp_path / "out")]
     assert main(["submit", str(tasks), "--temperature", "-1", *broker]) == 2
     err = capsys.readouterr().err.strip()
@@ -55,7 +55,7 @@ def test_submit_sampling_flags(tmp_path: Path, redis_base: str, capsys):
 def test_status_and_cancel_of_a_queued_batch(tmp_path: Path, redis_base: str, capsys):
     tasks = tmp_path / "tasks.yaml"
     tasks.write_text(yaml.safe_dump({"tasks": [{"task_id": "a", "instruction": "x", "adapter": "pi", "image": "host",
-                                                "evaluator": {"command": "true"}}]}))
+                                                "evaluator": {"command": "true"}, "submit": []}]}))
     broker = ["--broker", redis_base + "/2"]
     assert main(["submit", str(tasks), "--group-size", "2", "--out", str(tmp_path / "out"), *broker]) == 0
     batch_id = capsys.readouterr().out.split()[1].rstrip(":")

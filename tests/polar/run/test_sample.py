@@ -288,7 +288,8 @@ def task_with(tmp_path: Path, files: dict[str, str], sparse: int = 0):
 
 
 def run_with_policy(tmp_path: Path, task, command: str, start_reference_server, long_model, redis_url,
-                    name: str, reward: float = 1.0) -> tuple[SampleConfig, SampleResult, Watch]:
+                    name: str, reward: float = 1.0, tampered: tuple[str, ...] = ()
+                    ) -> tuple[SampleConfig, SampleResult, Watch]:
     """One sample of `task` with pi in Apptainer, whose policy runs `command` and then says "Done."; it must
     complete with `reward`."""
     from tests.polar.tasks.test_reward_hacks import one_command_policy
@@ -303,7 +304,7 @@ def run_with_policy(tmp_path: Path, task, command: str, start_reference_server, 
         result = run_sample(cfg, EngineConfig(long_model, backend=backend), proxy)
     assert (result.status, result.failure, result.reward, result.weight) == ("completed", None, reward, 1.0), (
         result, diagnose(cfg))
-    assert result.calls >= 2 and result.tampered == []  # the tool call ran, then "Done." reached the proxy
+    assert result.calls >= 2 and result.tampered == list(tampered)  # the tool call ran, "Done." reached the proxy
     return cfg, result, watch
 
 
@@ -312,17 +313,18 @@ def test_a_64_gib_sparse_file_and_a_fifo_leave_the_reward_and_the_worker_whole(t
                                                                              long_model, redis_url) -> None:
     """Issue 24: the task's workspace holds a 64 GiB sparse file; the agent makes a FIFO and the largest sparse
     file its sandbox allows (RLIMIT_FSIZE refuses 64 GiB there), then fixes the bug. The sample completes with
-    reward 1, and this process (the worker: snapshots, verify copy, evaluator) grows by under 200 MB."""
+    reward 1, and this process (the worker: snapshots, verify copy, evaluator) grows by under 200 MB. Issue 40:
+    the agent's two are outside `submit: [calc.py]`, dropped and named; the task's own file keeps its holes."""
     task = task_with(tmp_path, {}, sparse=64 * 2**30)
     command = "truncate -s 64G made.bin || truncate -s 4095M made.bin; mkfifo pipe; sed -i 's/a - b/a + b/' calc.py"
     cfg, _, watch = run_with_policy(tmp_path, task, command, start_reference_server, long_model, redis_url,
-                                    "sparse-fifo")
+                                    "sparse-fifo", tampered=("made.bin", "pipe"))
     final = cfg.out / "workspace"
     assert stat.S_ISFIFO(os.lstat(final / "pipe").st_mode)
     assert (final / "made.bin").stat().st_size == 4095 * 2**20 and (final / "given.bin").stat().st_size == 64 * 2**30
     copy = cfg.out / "verify" / "workspace"
-    assert not (copy / "pipe").exists()  # a FIFO is left out of the verify copy
-    assert all((copy / n).stat().st_blocks * 512 < 2**20 for n in ("made.bin", "given.bin"))  # holes stay holes
+    assert not (copy / "pipe").exists() and not (copy / "made.bin").exists()  # dropped, never read
+    assert (copy / "given.bin").stat().st_blocks * 512 < 2**20  # the pristine file's holes stay holes
     assert watch.peak_rss - watch.rss < 200 * 2**20, f"the worker grew by {(watch.peak_rss - watch.rss) >> 20} MB"
 
 
@@ -376,3 +378,29 @@ def test_a_workspace_of_too_many_files_scores_zero(tmp_path, start_reference_ser
     _, result, _ = run_with_policy(tmp_path, task_with(tmp_path, {}), command, start_reference_server, long_model,
                                    redis_url, "many-files", reward=0.0)
     assert f"more than {MAX_ENTRIES} entries: reward 0" in result.evaluator_output
+
+
+def test_rows_the_sessions_content_breaks_are_a_trainable_zero(tmp_path) -> None:
+    """Issue 40 item 5: a name the agent chose that is not UTF-8 (a HOME hook, a reward.json key) once broke the
+    rows' metadata, and the sample was masked and retried: the agent could choose to be masked. Now such names
+    are made printable first, and rows that the session's own content still breaks are completed, reward 0."""
+    from polar.run.sample import after_build, printable
+    from polar.run.summary import CONTENT_FAILURE, build_trajectories
+    from polar_traj.records import CallRecord, append_record
+
+    record = CallRecord("c1", "t", "s", "openai_chat", "m", False, 0.0, 1.0, 1.0, None, (1, 2, 3), (4, 5),
+                        (-0.5, -0.5), "stop", "rendered", None,
+                        {"model": "m", "messages": [{"role": "user", "content": "hi"}]}, None, None)
+    append_record(tmp_path / "captures", record)
+    files = sorted((tmp_path / "captures").rglob("*.jsonl"))
+    entry = {"session_id": "s", "status": "completed", "reward": 1.0,
+             "metadata": {"tampered": ["~/.local/lib/python3.11/site-packages/x\udcff.pth"], "rewards": {"\ud800": 1}}}
+    built, error = build_trajectories(files, tmp_path / "a.parquet", [entry])
+    assert built is None and error.startswith(CONTENT_FAILURE)  # what postrun saw before
+    assert after_build("completed", None, None, 1.0, error) == ("completed", None, error, 0.0)
+    assert after_build("completed", None, None, 1.0, "trajectories not built: disk full") == (
+        "error", "infrastructure", "trajectories not built: disk full", 1.0)
+    clean = {**entry, "metadata": printable(entry["metadata"])}
+    assert clean["metadata"]["tampered"] == ["~/.local/lib/python3.11/site-packages/x\\udcff.pth"]
+    built, error = build_trajectories(files, tmp_path / "b.parquet", [clean])
+    assert error is None and built is not None
