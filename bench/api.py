@@ -77,7 +77,8 @@ def main() -> None:
         tasks = root / "tasks.yaml"
         tasks.write_text(yaml.safe_dump({"tasks": [{"task_id": "zero", "instruction": "Say something.",
                                                     "adapter": "pi", "image": "host", "timeout_s": 240,
-                                                    "evaluator": {"command": "true", "timeout_s": 30}}]}))
+                                                    "evaluator": {"command": "true", "timeout_s": 30},
+                                                    "submit": []}]}))
         with redis_server(root) as url, reference_server(model, POLICY, log_path=root / "serve.log") as engine:
             broker = url.rsplit("/", 1)[0] + "/1"
             node = start_node(node_env(broker, url.rsplit("/", 1)[0] + "/0", engine, model, root, "bench"),

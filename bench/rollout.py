@@ -36,7 +36,8 @@ def one_setting(slots: int, samples: int, adapter: str, tmp: Path, broker: str, 
     root.mkdir()
     tasks.write_text(yaml.safe_dump({"tasks": [{
         "task_id": "coin", "instruction": "Flip the coin.", "adapter": adapter, "image": "host",
-        "evaluator": {"command": "grep -qx heads coin.txt", "timeout_s": 30}, "timeout_s": 240}]}))
+        "evaluator": {"command": "grep -qx heads coin.txt", "timeout_s": 30}, "timeout_s": 240,
+        "submit": ["coin.txt"]}]}))
     node = start_node(node_env(broker, broker.rsplit("/", 1)[0] + "/0", engine, model, root, f"bench{slots}"),
                       concurrency=slots)
     try:
