@@ -19,20 +19,37 @@ FOLDER = Path(os.environ.get("POLAR_OCCUPANCY_DIR", "/tmp/polar-occupancy"))
 
 @contextmanager
 def occupying(folder: Path | None = None) -> Iterator[None]:
-    """Count one running stage while the block runs."""
+    """Count one running stage while the block runs. The folder is shared by every user running samples here
+    (sticky, like /tmp); a stage that cannot register (a read-only /tmp) still runs, uncounted."""
     folder = folder or FOLDER
-    folder.mkdir(mode=0o755, parents=True, exist_ok=True)
     name = f"{os.getpid()}-{secrets.token_hex(4)}"
     path, tmp = folder / name, folder / f".{name}"  # locked before it has a name running() reads
-    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    try:
+        _shared_folder(folder)
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+    except OSError:
+        yield
+        return
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         os.rename(tmp, path)
         yield
     finally:
-        path.unlink(missing_ok=True)
-        tmp.unlink(missing_ok=True)
+        for p in (path, tmp):
+            try:
+                p.unlink(missing_ok=True)
+            except OSError:
+                pass
         os.close(fd)
+
+
+def _shared_folder(folder: Path) -> None:
+    if not folder.is_dir():
+        folder.mkdir(parents=True, exist_ok=True)
+        try:
+            os.chmod(folder, 0o1777)  # whoever made it, every user's stages count in it
+        except OSError:
+            pass
 
 
 def running(folder: Path | None = None) -> int:
@@ -56,7 +73,10 @@ def running(folder: Path | None = None) -> int:
         except BlockingIOError:
             count += 1  # held by a running stage
         else:
-            path.unlink(missing_ok=True)  # its process died without cleaning up
+            try:
+                path.unlink(missing_ok=True)  # its process died without cleaning up
+            except OSError:  # another user's, in the sticky folder: theirs to remove
+                pass
         finally:
             os.close(fd)
     return count

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 from polar.sandbox import occupancy
 
@@ -43,3 +44,39 @@ def test_slots_are_the_cores_unless_set(monkeypatch) -> None:
     assert occupancy.slots() == (os.cpu_count() or 1)
     monkeypatch.setenv("POLAR_SLOTS", "7")
     assert occupancy.slots() == 7
+
+
+def test_every_user_counts_in_one_folder(tmp_path) -> None:
+    """A rootless `polar run` (nobody) on a node where root made the folder first registers and is counted."""
+    import pytest
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root to become another user")
+    import shutil
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(prefix="polar-occ-"))  # not under pytest's 0700 folder: nobody must reach it
+    base.chmod(0o755)
+    folder = base / "occ"
+    with occupancy.occupying(folder):  # root makes the folder
+        pass
+    ready_r, ready_w = os.pipe()
+    done_r, done_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: nobody, holding a stage until told to stop
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            with occupancy.occupying(folder):
+                os.write(ready_w, b"1" if occupancy.running(folder) == 1 else b"0")
+                os.read(done_r, 1)
+        finally:
+            os._exit(0)
+    try:
+        assert os.read(ready_r, 1) == b"1"
+        assert occupancy.running(folder) == 1  # root sees nobody's stage
+    finally:
+        os.write(done_w, b"x")
+        os.waitpid(pid, 0)
+    assert occupancy.running(folder) == 0
+    shutil.rmtree(base)
