@@ -89,9 +89,9 @@ def cases_of(plan: Plan) -> list[Case]:
             fits = [(t, f) for t, f, _ in plan.tasks if hack.applies(f)]
             if plan.per_hack is not None and fits:
                 fits = [fits[(h + k) % len(fits)] for k in range(min(plan.per_hack, len(fits)))]
-            for task, facts in fits:
+            for task, _facts in fits:
                 cases.append(Case(len(cases), hack.name, task, runtime, None, hack))
-        for task, facts, honest in plan.tasks:
+        for task, _facts, honest in plan.tasks:
             if isinstance(honest, Path):
                 cases.append(Case(len(cases), ORACLE, task, runtime, None, solve=honest))
             elif honest:
