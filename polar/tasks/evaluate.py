@@ -24,7 +24,6 @@ average, which the agent's code can raise). The sample is then an infrastructure
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import shutil

@@ -5,10 +5,11 @@ Each task: task_id, instruction, workspace (a directory or a .tar.gz, copied int
 Apptainer SIF or sandbox directory, an OCI image for the docker runtime, or `host` for the local/bwrap runtimes),
 adapter (optional: the batch's default otherwise), evaluator, timeout_s (the agent's budget), session_timeout_s
 (the whole sample), metadata (free-form, carried into the trajectory table); for verification
-(polar/tasks/verify.py): tests (a directory staged over the final workspace copy, never shown to the agent),
+(polar/tasks/verify.py): tests (a directory staged over the verify workspace, never shown to the agent),
 protected (workspace globs the agent may never change), submit (what the agent's work may contribute: workspace
 globs, or {files, existing, binary}; none: the files the workspace already has, with one warning line; see
-polar/tasks/allow.py), reward_range (default [0, 1]); max_calls (the session's LLM call cap). Relative paths are relative to the task file.
+polar/tasks/allow.py), reward_range (default [0, 1]); max_calls (the session's LLM call cap). Relative paths
+are relative to the task file.
 Every error is one line: "FILE:LINE: FIELD: problem".
 """
 from __future__ import annotations
