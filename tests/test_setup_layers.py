@@ -34,6 +34,7 @@ def test_demo_layer_installs_no_test_only_harness():
     assert "bash scripts/install_harnesses.sh demo" in commands  # Pi and Codex only
     assert "bash scripts/setup_python.sh serve" in commands  # no test or trl extra
     assert "bash scripts/setup_apt.sh demo" in commands
+    assert "bash scripts/build_image.sh" in commands  # the sandbox directory only: no SIF (mksquashfs)
     assert demo[0][0] == "serial" and demo[0][2].startswith("bash scripts/setup_apt.sh")  # apt first, alone
 
 
@@ -45,6 +46,7 @@ def test_full_layer_installs_everything_with_apt_alone_first():
     commands = [cmd for _mode, _name, cmd in full]
     assert "bash scripts/install_harnesses.sh all" in commands
     assert "bash scripts/setup_python.sh serve,test,trl" in commands
+    assert "bash scripts/build_image.sh --sif" in commands  # image.sif too: the tests' root runs use it
     assert [mode for mode, _n, cmd in full if "setup_apt" in cmd] == ["serial"]
     assert full[-1] == ("serial", "podman and the task image as polar-tasks:local", "bash scripts/setup_podman.sh")
 
