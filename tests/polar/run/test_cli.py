@@ -68,7 +68,7 @@ def test_reused_proxy_handle(tmp_path):
 def test_sampling_flags_are_checked_before_anything_starts(tmp_path):
     tasks = tmp_path / "tasks.yaml"
     tasks.write_text(yaml.safe_dump({"tasks": [{"task_id": "a", "instruction": "x", "adapter": "pi", "image": "host",
-                                                "evaluator": {"command": "true"}}]}))
+                                                "evaluator": {"command": "true"}, "submit": []}]}))
     done = polar_run("--task", str(tasks), "--temperature", "nan", "--out", str(tmp_path / "out"), timeout=60)
     assert done.returncode == 2
     assert done.stderr.strip() == "polar run: sampling temperature: expected a finite number, got nan"

@@ -361,7 +361,8 @@ def test_600_connections_to_the_bridge_socket_cost_the_worker_no_threads(tmp_pat
 
     task = task_with(tmp_path, {"flood.py": FLOOD})
     command = "python3 flood.py > flood.txt 2>&1; sed -i 's/a - b/a + b/' calc.py"
-    cfg, _, watch = run_with_policy(tmp_path, task, command, start_reference_server, long_model, redis_url, "flood")
+    cfg, _, watch = run_with_policy(tmp_path, task, command, start_reference_server, long_model, redis_url, "flood",
+                                    tampered=("flood.txt",))  # the agent's own log: outside submit, dropped
     words = (cfg.out / "workspace" / "flood.txt").read_text().split()
     assert words[0] == "refused", words
     refused, held = int(words[1]), int(words[3])
