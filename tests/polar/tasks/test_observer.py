@@ -93,6 +93,7 @@ def test_an_exit_handler_replacing_pytests_exit_status(tmp_path) -> None:
     ("random.py", EXIT0),
     ("unittest/__init__.py", EXIT0),
     (".pytest.ini", "[pytest]\naddopts = --collect-only\n"),
+    (".pytest.ini", "[pytest]\naddopts = --setup-plan\n"),
     ("pytest.ini", "[pytest]\naddopts = --setup-plan\n"),
     ("tox.ini", "[pytest]\naddopts = --collect-only\n"),
 ])
