@@ -32,8 +32,8 @@ npm_branch() {
 }
 sandbox_branch() {
   run_step "apptainer (relocated)" bash scripts/install_apptainer.sh
-  if [ "$layer" = demo ]; then run_step "task image (Debian packages via mmdebstrap, cached)" bash scripts/build_image.sh
-  else run_step "task image and its SIF (Debian packages via mmdebstrap, cached)" bash scripts/build_image.sh --sif; fi
+  if [ "$layer" = demo ]; then run_step "task image (mmdebstrap, cached)" bash scripts/build_image.sh
+  else run_step "task image and its SIF (mmdebstrap, cached)" bash scripts/build_image.sh --sif; fi
 }
 host_branch() {
   run_step "sandbox user (polar-sandbox)" bash scripts/setup_sandbox_user.sh
