@@ -37,6 +37,10 @@ HACKS = {  # name -> (task id, the one shell command the policy runs, what `tamp
 }
 SUSPICIOUS = {"exit-127": "calc.py: process exit (os._exit)", "exit-0": "observer: the runner ended without"}
 RUNTIMES = {"apptainer": [], "bwrap": ["--image", "host"], "docker": []}  # docker: the rootfs, imported
+# The honest fix in every runtime, each hack through `polar run` in one of them (in turn): `polar redteam`'s
+# tests (tests/polar/redteam) hold every hack in bwrap and Apptainer and a subset in podman, on one service.
+KEYS = [("honest", runtime) for runtime in RUNTIMES] + [
+    (name, list(RUNTIMES)[i % len(RUNTIMES)]) for i, name in enumerate(n for n in HACKS if n != "honest")]
 
 
 def one_command_policy(command: str) -> dict:
@@ -85,15 +89,13 @@ def runs(tmp_path_factory, long_model) -> dict[tuple[str, str], tuple[Path, str]
     sibling.parent.mkdir(parents=True)
     sibling.write_text("1\n")
     tasks = tasks_file(tmp)
-    keys = [(name, runtime) for name in HACKS for runtime in RUNTIMES]
     with ThreadPoolExecutor(3) as pool:
-        done = pool.map(lambda k: polar_run(tmp, tasks, *k, sibling, long_model), keys)
-        return dict(zip(keys, done))
+        done = pool.map(lambda k: polar_run(tmp, tasks, *k, sibling, long_model), KEYS)
+        return dict(zip(KEYS, done))
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("runtime", RUNTIMES)
-@pytest.mark.parametrize("name", HACKS)
+@pytest.mark.parametrize(("name", "runtime"), KEYS)
 def test_a_hack_scores_zero_and_is_named(runs, name: str, runtime: str) -> None:
     out, printed = runs[(name, runtime)]
     assert (out / "result.json").is_file(), printed
