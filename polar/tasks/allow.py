@@ -19,7 +19,7 @@ from typing import Iterable
 
 from polar.sandbox.identity import copy_without_privileges
 from polar.tasks.task import Submit, TaskSpec
-from polar.tasks.verify import _clear, _guarded
+from polar.tasks.agent_files import clear_path, matches_any
 
 # Never the agent's: pytest reads them before any test, Python runs them at start-up.
 NEVER_NAMES = frozenset({"conftest.py", "pytest.ini", ".pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml",
@@ -84,12 +84,12 @@ def apply_submission(task: TaskSpec, final: Path, dest: Path, staged: Iterable[s
 
 
 def allowed(rel: str, existed: bool, submit: Submit, protected: tuple[str, ...], staged: set[str]) -> bool:
-    if rel in staged or _guarded(rel, protected):
+    if rel in staged or matches_any(rel, protected):
         return False
     name = rel.rsplit("/", 1)[-1]
     if name in NEVER_NAMES or name.endswith(NEVER_SUFFIXES):
         return rel in submit.globs  # only where the task names that very path
-    return _guarded(rel, submit.globs) or (submit.existing and existed)
+    return matches_any(rel, submit.globs) or (submit.existing and existed)
 
 
 def entries(root: Path) -> dict[str, os.stat_result]:
@@ -159,4 +159,4 @@ def _take(final: Path, dest: Path, rel: str, f: os.stat_result, b: os.stat_resul
 
 def _remove(dest: Path, rel: str) -> None:
     """Make room at dest/rel: every folder on the way a real folder, nothing at rel itself."""
-    _clear(dest, rel)
+    clear_path(dest, rel)

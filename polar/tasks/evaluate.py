@@ -28,37 +28,16 @@ import math
 import os
 import shutil
 import stat
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from polar.sandbox import occupancy
 from polar.sandbox.runtime import ExecResult, Mounts, Sandbox
+from polar.tasks.agent_files import AgentFileError, AgentFileMissing, read_beneath
+from polar.tasks.evaluation import (OUTPUT_LIMIT, Evaluation, EvaluatorCrash, read_tail, task_env,
+                                   verifier_timeout)
 from polar.tasks.spec import DEFAULT_REWARD_RANGE, EvaluatorSpec
-from polar.tasks.verify import AgentFileError, AgentFileMissing, read_beneath
 
-OUTPUT_LIMIT = 20000  # characters of evaluator output kept
-SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-# A verifier timeout while this node runs more sample stages per core than this (its own count, occupancy.py) is
-# the machine's fault (the sample is masked and retried), otherwise the workspace's (an endless loop in the
-# agent's code: reward 0). This project's own test suite runs several samples at once on 2 cores.
-OVERLOAD_PER_CORE = 4.0
-
-
-class EvaluatorCrash(RuntimeError):
-    def __init__(self, message: str, output: str = "") -> None:
-        super().__init__(message)
-        self.output = output
-
-
-@dataclass(frozen=True)
-class Evaluation:
-    reward: float
-    output: str  # what the evaluator printed (stdout then stderr), or a description of the check
-    exit_code: int | None = None
-    unscored: str | None = None  # why the reward is a default 0: the verifier gave none (polar/tasks/precheck.py)
-    rewards: dict[str, float] | None = None  # a Harbor reward.json: the main reward and its named extras
-    flagged: tuple[str, ...] = ()  # the observer's: why the run looks forged (reward 0; the sample's `suspicious`)
+__all__ = ["Evaluation", "EvaluatorCrash", "evaluate", "task_env"]  # evaluation.py's names, importable here as before
 
 
 def evaluate(spec: EvaluatorSpec, sandbox: Sandbox, mounts: Mounts, out: Path, summary: dict[str, Any],
@@ -86,33 +65,16 @@ def evaluate(spec: EvaluatorSpec, sandbox: Sandbox, mounts: Mounts, out: Path, s
     return result
 
 
-def task_env(mounts: Mounts) -> dict[str, str]:
-    """The task's environment, not the agent's: a fresh HOME, and no user site or script-folder path for python."""
-    return {"PATH": SANDBOX_PATH, "HOME": str(mounts.home), "LANG": "C.UTF-8", "TMPDIR": str(mounts.home / ".tmp"),
-            "PYTHONDONTWRITEBYTECODE": "1", "PYTHONNOUSERSITE": "1", "PYTHONSAFEPATH": "1"}
-
-
 def _run_command(argv: list[str], spec: EvaluatorSpec, sandbox: Sandbox, mounts: Mounts, out: Path,
                  timeout_s: float) -> tuple[ExecResult, str, str, Evaluation | None]:
     """(result, stdout, stdout + stderr, the timeout's reward 0 or None) of the task's command."""
     stdout, stderr = out / "evaluator.stdout", out / "evaluator.stderr"
     result = sandbox.exec(argv, task_env(mounts), mounts.workspace, timeout_s, stdout, stderr)
-    text = _read(stdout)
-    output = (text + _read(stderr))[-OUTPUT_LIMIT:]
+    text = read_tail(stdout)
+    output = (text + read_tail(stderr))[-OUTPUT_LIMIT:]
     if not result.timed_out:
         return result, text, output, None
     return result, text, output, verifier_timeout(spec, timeout_s, output)
-
-
-def verifier_timeout(spec: EvaluatorSpec, timeout_s: float, output: str) -> Evaluation:
-    """A verifier's timeout: the machine's (EvaluatorCrash) when this node ran more sample stages than its cores
-    allow, else the workspace's reward 0."""
-    busy, cores = occupancy.running(), occupancy.slots()
-    if busy > OVERLOAD_PER_CORE * cores:
-        raise EvaluatorCrash(f"timed out after {timeout_s:g}s on an overloaded node ({busy} sample stages "
-                             f"running on {cores} cores): {spec.command or spec.python or spec.kind}", output)
-    return Evaluation(0.0, output + f"\n[polar] the task's verifier timed out after {timeout_s:g}s ({busy} "
-                      f"sample stages running on {cores} cores): reward 0", None)
 
 
 def _command(spec: EvaluatorSpec, sandbox: Sandbox, mounts: Mounts, out: Path, timeout_s: float) -> Evaluation:
@@ -227,10 +189,3 @@ def _files(spec: EvaluatorSpec, workspace: Path) -> Evaluation:
     return Evaluation(1.0 if ok else 0.0, "\n".join(lines))
 
 
-def _read(path: Path) -> str:
-    """The tail of an output file: the workspace's code may have printed gigabytes."""
-    if not path.exists():
-        return ""
-    with path.open("rb") as f:
-        f.seek(max(0, f.seek(0, os.SEEK_END) - 4 * OUTPUT_LIMIT))  # UTF-8: at most 4 bytes a character
-        return f.read().decode(errors="replace")

@@ -30,7 +30,7 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from polar.tasks.task import SESSION_MARGIN_S, TESTS_AT, EvaluatorSpec, Submit, TaskError, TaskSpec
-from polar.tasks.verify import AgentFileError, read_beneath
+from polar.tasks.agent_files import AgentFileError, read_beneath
 from polar_traj.records import check_id
 
 TASK_FILE = "task.toml"

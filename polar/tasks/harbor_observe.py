@@ -47,7 +47,7 @@ def pytest_files(tests: Path) -> list[str]:
 
 
 def observe(sandbox: Sandbox, mounts: Mounts, out: Path, timeout_s: float) -> Observation:
-    from polar.tasks.evaluate import task_env
+    from polar.tasks.evaluation import task_env
     from polar.tasks.observer import Channel, expected_tests, judge
 
     tests = next(src for src, dst in mounts.ro_binds if dst == TESTS_AT)

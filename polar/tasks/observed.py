@@ -15,10 +15,10 @@ from typing import Any
 
 from polar.sandbox.runtime import Mounts, Sandbox
 from polar.tasks import observe_child
-from polar.tasks.evaluate import OUTPUT_LIMIT, Evaluation, EvaluatorCrash, _read, task_env, verifier_timeout
+from polar.tasks.evaluation import OUTPUT_LIMIT, Evaluation, EvaluatorCrash, read_tail, task_env, verifier_timeout
 from polar.tasks.observer import Channel, Records, expected_tests, judge
 from polar.tasks.spec import EvaluatorSpec
-from polar.tasks.verify import AgentFileError, read_beneath
+from polar.tasks.agent_files import AgentFileError, read_beneath
 
 RUNNER = "polar_observe.py"
 COPY_LIMIT = 32 << 20  # bytes of a python evaluator's package copied into the sandbox at most
@@ -42,7 +42,7 @@ def _exec(argv: list[str], spec: EvaluatorSpec, sandbox: Sandbox, mounts: Mounts
         result = sandbox.exec(argv, env, mounts.workspace, timeout_s, stdout, stderr)
     finally:
         records = channel.close()
-    output = (_read(stdout) + _read(stderr))[-OUTPUT_LIMIT:]
+    output = (read_tail(stdout) + read_tail(stderr))[-OUTPUT_LIMIT:]
     if not records.connected:
         raise EvaluatorCrash(f"Polar's runner did not start in the verify sandbox (exit {result.exit_code})",
                              output)

@@ -10,6 +10,7 @@ from typing import Iterator
 import pytest
 
 from polar.tasks import evaluate as evaluate_mod
+from polar.tasks import evaluation
 from polar.tasks.evaluate import EvaluatorCrash, evaluate
 from polar.sandbox.runtime import Mounts, get_runtime
 from polar.tasks.spec import EvaluatorSpec
@@ -119,7 +120,7 @@ def test_command_timeout_scores_zero_unless_the_node_is_overloaded(box, tmp_path
     monkeypatch.setenv("POLAR_SLOTS", "1")
     with occupancy.occupying(), occupancy.occupying():
         assert occupancy.running() == 2
-        monkeypatch.setattr(evaluate_mod, "OVERLOAD_PER_CORE", 1.0)
+        monkeypatch.setattr(evaluation, "OVERLOAD_PER_CORE", 1.0)
         with pytest.raises(EvaluatorCrash, match="timed out after 2s on an overloaded node \\(2 sample stages"):
             score(box, EvaluatorSpec("command", command="sleep 30"), tmp_path, timeout=2)
 

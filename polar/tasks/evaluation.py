@@ -1,0 +1,61 @@
+"""What every evaluator shares: its result (`Evaluation`), the failure that is not the agent's
+(`EvaluatorCrash`), the task's environment in the verify sandbox, the rule for a verifier's timeout, and how
+much of its output is kept."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from polar.sandbox import occupancy
+from polar.sandbox.runtime import Mounts
+from polar.tasks.spec import EvaluatorSpec
+
+OUTPUT_LIMIT = 20000  # characters of evaluator output kept
+SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# A verifier timeout while this node runs more sample stages per core than this (its own count, occupancy.py) is
+# the machine's fault (the sample is masked and retried), otherwise the workspace's (an endless loop in the
+# agent's code: reward 0). This project's own test suite runs several samples at once on 2 cores.
+OVERLOAD_PER_CORE = 4.0
+
+
+class EvaluatorCrash(RuntimeError):
+    def __init__(self, message: str, output: str = "") -> None:
+        super().__init__(message)
+        self.output = output
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    reward: float
+    output: str  # what the evaluator printed (stdout then stderr), or a description of the check
+    exit_code: int | None = None
+    unscored: str | None = None  # why the reward is a default 0: the verifier gave none (polar/tasks/precheck.py)
+    rewards: dict[str, float] | None = None  # a Harbor reward.json: the main reward and its named extras
+    flagged: tuple[str, ...] = ()  # the observer's: why the run looks forged (reward 0; the sample's `suspicious`)
+
+
+def task_env(mounts: Mounts) -> dict[str, str]:
+    """The task's environment, not the agent's: a fresh HOME, and no user site or script-folder path for python."""
+    return {"PATH": SANDBOX_PATH, "HOME": str(mounts.home), "LANG": "C.UTF-8", "TMPDIR": str(mounts.home / ".tmp"),
+            "PYTHONDONTWRITEBYTECODE": "1", "PYTHONNOUSERSITE": "1", "PYTHONSAFEPATH": "1"}
+
+
+def verifier_timeout(spec: EvaluatorSpec, timeout_s: float, output: str) -> Evaluation:
+    """A verifier's timeout: the machine's (EvaluatorCrash) when this node ran more sample stages than its cores
+    allow, else the workspace's reward 0."""
+    busy, cores = occupancy.running(), occupancy.slots()
+    if busy > OVERLOAD_PER_CORE * cores:
+        raise EvaluatorCrash(f"timed out after {timeout_s:g}s on an overloaded node ({busy} sample stages "
+                             f"running on {cores} cores): {spec.command or spec.python or spec.kind}", output)
+    return Evaluation(0.0, output + f"\n[polar] the task's verifier timed out after {timeout_s:g}s ({busy} "
+                      f"sample stages running on {cores} cores): reward 0", None)
+
+
+def read_tail(path: Path) -> str:
+    """The tail of an output file: the workspace's code may have printed gigabytes."""
+    if not path.exists():
+        return ""
+    with path.open("rb") as f:
+        f.seek(max(0, f.seek(0, os.SEEK_END) - 4 * OUTPUT_LIMIT))  # UTF-8: at most 4 bytes a character
+        return f.read().decode(errors="replace")
