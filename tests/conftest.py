@@ -13,6 +13,19 @@ from polar_serve.launch import reference_server as launch_reference_server
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach the hub from tests
 
 ROOT = Path(__file__).resolve().parents[1]
+# Files that take minutes (scripts/test.sh's --durations list), collected first: pytest-xdist's --dist loadfile
+# hands files to workers in collection order, and a parallel run that reaches one of these last ends on it alone.
+SLOW_FIRST = ("tests/polar/harness/test_harness_matrix.py", "tests/polar/redteam/test_cli_harbor.py",
+              "tests/polar/redteam/test_cli_tasks.py", "tests/polar/tasks/test_reward_hacks.py",
+              "tests/polar/run/test_sample.py", "tests/polar_mitm/test_proxy_robustness.py",
+              "tests/polar/harness/test_harness_matrix_python.py", "tests/test_readme.py",
+              "tests/polar/harness/test_harness_matrix_more.py", "tests/workers/test_rollouts.py",
+              "tests/workers/test_node_loss.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {path: i for i, path in enumerate(SLOW_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable: the rest as collected
 
 
 @pytest.fixture(scope="session")
