@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Iterable
 
 from polar.sandbox.identity import copy_without_privileges
-from polar.tasks.task import Submit, TaskSpec
 from polar.tasks.agent_files import clear_path, matches_any
+from polar.tasks.task import Submit, TaskSpec
 
 # Never the agent's: pytest reads them before any test, Python runs them at start-up.
 NEVER_NAMES = frozenset({"conftest.py", "pytest.ini", ".pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml",
@@ -74,7 +74,7 @@ def apply_submission(task: TaskSpec, final: Path, dest: Path, staged: Iterable[s
         if not allowed(rel, b is not None and stat.S_ISREG(b.st_mode), submit, task.protected, staged):
             dropped.append(rel)
         elif f is None:
-            _remove(dest, rel)
+            clear_path(dest, rel)
             applied.append(rel)
         elif _take(final, dest, rel, f, b, submit, rel in compiled):
             applied.append(rel)
@@ -150,13 +150,8 @@ def _take(final: Path, dest: Path, rel: str, f: os.stat_result, b: os.stat_resul
     except OSError:
         return False
     was_exec = b is not None and stat.S_ISREG(b.st_mode) and b.st_mode & 0o100
-    _remove(dest, rel)
+    clear_path(dest, rel)  # every folder on the way a real folder, nothing at rel itself
     target = dest / rel
     target.write_bytes(data)
     os.chmod(target, 0o755 if was_exec else 0o644)  # an executable bit only where the task's file had one
     return True
-
-
-def _remove(dest: Path, rel: str) -> None:
-    """Make room at dest/rel: every folder on the way a real folder, nothing at rel itself."""
-    clear_path(dest, rel)

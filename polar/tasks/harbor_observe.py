@@ -15,16 +15,13 @@ python3 cannot import pytest (probed from `/`, where no workspace file is on the
 from __future__ import annotations
 
 import re
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 from polar.sandbox.runtime import Mounts, Sandbox
-from polar.tasks import observe_child
 from polar.tasks.task import TESTS_AT
 
 PROBE = ["python3", "-I", "-c", "import pytest"]
-RUNNER, EMPTY_INI = "polar_observe.py", "pytest.ini"
 PROBE_TIMEOUT_S = 60.0
 _TEST_FILE = re.compile(r"(?:^|/)(test_[^/]*|[^/]*_test)\.py$")
 
@@ -48,6 +45,7 @@ def pytest_files(tests: Path) -> list[str]:
 
 def observe(sandbox: Sandbox, mounts: Mounts, out: Path, timeout_s: float) -> Observation:
     from polar.tasks.evaluation import task_env
+    from polar.tasks.observed import EMPTY_INI, RUNNER, runner_folder
     from polar.tasks.observer import Channel, expected_tests, judge
 
     tests = next(src for src, dst in mounts.ro_binds if dst == TESTS_AT)
@@ -59,11 +57,7 @@ def observe(sandbox: Sandbox, mounts: Mounts, out: Path, timeout_s: float) -> Ob
                          out / "observer-probe.stderr")
     if probe.exit_code != 0 or probe.timed_out:
         return _unobserved("the image's python3 cannot import pytest")
-    folder = mounts.shared / "ho"  # short: the socket path inside is at most 107 bytes (AF_UNIX)
-    shutil.rmtree(folder, ignore_errors=True)
-    folder.mkdir(parents=True)
-    shutil.copyfile(observe_child.__file__, folder / RUNNER)
-    (folder / EMPTY_INI).write_text("[pytest]\n")
+    folder = runner_folder(mounts, "ho")  # short: the socket path inside is at most 107 bytes (AF_UNIX)
     expected = [i for f in files for i in expected_tests(tests, f)]
     channel = Channel(folder)
     argv = ["python3", "-I", str(folder / RUNNER), "pytest", str(channel.path), str(folder / EMPTY_INI), TESTS_AT,
@@ -75,23 +69,10 @@ def observe(sandbox: Sandbox, mounts: Mounts, out: Path, timeout_s: float) -> Ob
     if not records.connected:
         return _unobserved(f"Polar's runner did not start (exit {ran.exit_code})")
     verdict = judge(expected, records)
-    passed = _passed(expected, records)
     if ran.timed_out:  # the workspace's endless loop: 0, as test.sh's own timeout would be
         return Observation(True, 0.0, (), (*verdict.lines, "[polar] the tests timed out under Polar's observer"))
-    share = 0.0 if verdict.flags else (passed / len(expected) if expected else 0.0)
+    share = 0.0 if verdict.flags else (verdict.passed / len(expected) if expected else 0.0)
     return Observation(True, share, verdict.flags, verdict.lines)
-
-
-def _passed(expected: list[str], records: object) -> int:
-    """Expected test functions with at least one report, every one of them `passed` (judge's rule)."""
-    outcomes: dict[str, list[str]] = {e: [] for e in expected}
-    for fields in records.of("test"):  # type: ignore[attr-defined]
-        if len(fields) == 2:
-            head, sep, _ = fields[0].partition("[")
-            func = head if sep and fields[0].endswith("]") else fields[0]
-            if func in outcomes:
-                outcomes[func].append(fields[1])
-    return sum(1 for o in outcomes.values() if o and all(x == "passed" for x in o))
 
 
 def _unobserved(why: str) -> Observation:

@@ -25,11 +25,13 @@ COPY_LIMIT = 32 << 20  # bytes of a python evaluator's package copied into the s
 EMPTY_INI = "pytest.ini"  # Polar's own, empty: no workspace configuration is read
 
 
-def _folder(mounts: Mounts) -> Path:
-    folder = mounts.shared / "observer"
+def runner_folder(mounts: Mounts, name: str = "observer") -> Path:
+    """A fresh folder of the verify ground's shared directory holding Polar's runner and its empty pytest.ini."""
+    folder = mounts.shared / name
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     shutil.copyfile(observe_child.__file__, folder / RUNNER)
+    (folder / EMPTY_INI).write_text("[pytest]\n")
     return folder
 
 
@@ -57,8 +59,7 @@ def run_pytest(spec: EvaluatorSpec, sandbox: Sandbox, mounts: Mounts, out: Path,
     expected: list[str] = []
     for rel in spec.pytest:
         expected += expected_tests(mounts.workspace, rel)
-    folder = _folder(mounts)
-    (folder / EMPTY_INI).write_text("[pytest]\n")
+    folder = runner_folder(mounts)
     ini = mounts.workspace / "pytest.ini"  # the task's own (never taken from the agent: polar/tasks/allow.py)
     try:
         read_beneath(mounts.workspace, "pytest.ini")
@@ -79,7 +80,7 @@ def run_pytest(spec: EvaluatorSpec, sandbox: Sandbox, mounts: Mounts, out: Path,
 def run_python(spec: EvaluatorSpec, sandbox: Sandbox, mounts: Mounts, out: Path, summary: dict[str, Any],
                timeout_s: float) -> Evaluation:
     """`module:function` of the task, in the sandbox: its module and the .py files beside it copied in."""
-    folder = _folder(mounts)
+    folder = runner_folder(mounts)
     module = (spec.python or "").partition(":")[0]
     copy_module(module, folder / "evaluator")
     (folder / "summary.json").write_text(json.dumps(summary, indent=2))

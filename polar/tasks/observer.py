@@ -174,6 +174,7 @@ class Verdict:
     reward: float
     lines: tuple[str, ...]  # what the parent concluded, for the evaluator's output
     flags: tuple[str, ...]  # why the run itself looks forged: reward 0 and `suspicious`
+    passed: int = 0  # expected test functions with at least one report, every one of them `passed`
 
 
 def judge(expected: list[str], records: Records) -> Verdict:
@@ -211,7 +212,7 @@ def judge(expected: list[str], records: Records) -> Verdict:
               if f not in passed][:20]
     ok = not flags and len(passed) == len(expected) and bool(expected)
     lines += [f"[polar] flagged: {f}" for f in flags[:20]]
-    return Verdict(1.0 if ok else 0.0, tuple(lines), tuple(flags[:20]))
+    return Verdict(1.0 if ok else 0.0, tuple(lines), tuple(flags[:20]), len(passed))
 
 
 def _function_of(nodeid: str) -> str:
