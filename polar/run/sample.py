@@ -36,8 +36,8 @@ from polar.run.services import ProxyHandle, new_session
 from polar.run.session import (DEFAULT_CONFDIR, HARNESS_BIN, TOOLS_BIN, EngineConfig, HarnessSetup, capture_files,
                                exec_harness, prepare_harness, shared_dir, start_services, workspace_snapshots)
 from polar.run.summary import CONTENT_FAILURE, WorkspaceTooLarge, build_trajectories, changed_files, count_calls
-from polar.sandbox.occupancy import occupying
 from polar.run.state import SampleState, load_state
+from polar.sandbox.occupancy import occupying
 from polar.sandbox.runtime import Sandbox, get_runtime, resolve_runtime
 from polar.tasks.evaluate import Evaluation, EvaluatorCrash, evaluate
 from polar.tasks.precheck import check_verifier
