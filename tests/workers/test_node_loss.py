@@ -23,7 +23,7 @@ from tests.workers.cluster import Node, node_env, spawn_node, wait_ready
 from tests.workers.test_rollouts import Cluster, records, wait_for
 from workers import liveness, steps
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial]  # its drains and hand-overs wait on timers that 3 parallel workers starved
 
 HERE = Path(__file__).parent
 LIVENESS_S, HEARTBEAT_S = 4.0, 0.5
