@@ -14,19 +14,18 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass
 from typing import Any
 
 import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
+from polar.progress import CANCELLED, COMPLETED, RUNNING, Progress  # noqa: F401 (re-exported)
 from workers import events
 
 PREFIX = "polar:batch:"
 STAGES = ("queued", "prepare", "run", "evaluate", "postrun", "retry")
 FINAL = ("done", "masked", "cancelled")
-RUNNING, COMPLETED, CANCELLED = "running", "completed", "cancelled"
 TTL_S = 14 * 24 * 3600
 
 
@@ -45,35 +44,6 @@ def connect(url: str, retry_s: float = 60.0) -> redis.Redis:
 
 def key(batch_id: str, *parts: str) -> str:
     return ":".join((PREFIX + batch_id, *parts))
-
-
-@dataclass(frozen=True)
-class Progress:
-    total: int
-    queued: int
-    running: int
-    done: int
-    masked: int
-    cancelled: int
-    groups_done: int
-    groups: int
-    reward_mean: float | None
-    status: str
-    nodes: dict[str, int]
-    reassigned: int = 0  # samples started again elsewhere because their node was lost or drained
-
-    @property
-    def finished(self) -> bool:
-        return self.status in (COMPLETED, CANCELLED)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def line(self) -> str:
-        mean = "-" if self.reward_mean is None else f"{self.reward_mean:.3f}"
-        return (f"{self.done + self.masked}/{self.total} done ({self.masked} masked), {self.running} running, "
-                f"{self.queued} queued, {self.cancelled} cancelled; groups {self.groups_done}/{self.groups}; "
-                f"reward mean {mean}; {self.status}" + (f"; {self.reassigned} reassigned" if self.reassigned else ""))
 
 
 def create(r: redis.Redis, batch_id: str, manifest_path: str, samples: list[str], group_size: int, groups: int,
