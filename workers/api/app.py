@@ -25,6 +25,7 @@ from workers.api import metrics
 from workers.api.callbacks import Finisher, RetryPolicy
 from workers.api.models import BadRequest, PolicyPause, ShortTask, TaskRequest, from_short, from_task_request
 from workers.api.service import ApiConfig, NotFound, Service, file_chunks
+from workers.settings import sessions_url
 
 STATIC = Path(__file__).parent / "static"
 OPEN_PATHS = ("/health",)
@@ -88,6 +89,20 @@ class Guard:
         await self.app(scope, counted, send_cookie)
 
 
+class JsonBodies:
+    """ASGI middleware: every body this API takes is JSON, so one sent without `Content-Type: application/json`
+    (`curl -d` says application/x-www-form-urlencoded) is read as JSON too, not refused as "not an object"."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["method"] in ("POST", "PUT", "PATCH"):
+            headers = [(k, v) for k, v in scope.get("headers", []) if k.lower() != b"content-type"]
+            scope = {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
+        await self.app(scope, receive, send)
+
+
 def create_app(config: ApiConfig, retry: RetryPolicy = RetryPolicy()) -> FastAPI:
     service = Service(config)
     finisher = Finisher(service.r, f"{socket.gethostname()}-{config.port}-{time.time_ns()}", retry)
@@ -103,6 +118,7 @@ def create_app(config: ApiConfig, retry: RetryPolicy = RetryPolicy()) -> FastAPI
     # No /docs: Swagger UI loads its scripts from a CDN; the schema is at /openapi.json.
     app = FastAPI(title="Polar rollout service", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.service = service
+    app.add_middleware(JsonBodies)
     app.add_middleware(Guard, token=config.token, max_body=config.max_body)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
@@ -110,6 +126,10 @@ def create_app(config: ApiConfig, retry: RetryPolicy = RetryPolicy()) -> FastAPI
     async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
         errors = exc.errors()
         first = errors[0] if errors else {"loc": ["body"], "msg": "invalid"}
+        if first.get("type") == "json_invalid":  # loc is ("body", character offset): the body, not a field "34"
+            why = (first.get("ctx") or {}).get("error", "JSON decode error")
+            return _json_error(422, f"body: not valid JSON ({why} at character {first['loc'][-1]}; truncated?)",
+                               field="body")
         name = ".".join(str(p) for p in first["loc"] if p != "body") or "body"
         return _json_error(422, f"{name}: {first['msg']}", field=name,
                            detail=[{"loc": e["loc"], "msg": e["msg"]} for e in errors])
@@ -129,6 +149,12 @@ def create_app(config: ApiConfig, retry: RetryPolicy = RetryPolicy()) -> FastAPI
         except redis.RedisError as e:
             return _json_error(503, f"redis: {e}", ok=False)
         return {"ok": True}
+
+    @app.get("/api/node-config")
+    def node_config() -> dict[str, Any]:
+        """What `python -m polar.gateway` needs to join as a node: the broker, the sessions Redis, the output root."""
+        return {"broker": config.broker, "sessions": config.sessions or sessions_url(config.broker),
+                "output_root": str(config.out)}
 
     @app.post("/api/tasks", status_code=201)
     def submit_short(body: ShortTask) -> dict[str, Any]:
