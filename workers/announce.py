@@ -4,6 +4,7 @@ and a node whose proxy or engine is wrong should say so before its first sample 
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 from typing import Sequence
 
@@ -34,6 +35,20 @@ def engine_lines(settings: WorkerSettings, timeout_s: float = 2.0) -> tuple[list
         if (warning := model_mismatch(url, names, settings.model_dir)) is not None:
             warnings.append(warning)
     return states, warnings
+
+
+def engines_when_up(settings: WorkerSettings, wait_s: float) -> tuple[list[str], list[str]]:
+    """engine_lines once some replica answers, probing for up to `wait_s` (an engine starting beside the node);
+    RuntimeError naming each replica's state when none does: such a node could only fail the samples it took."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        states, warnings = engine_lines(settings)
+        if any(" down (" not in state for state in states):
+            return states, warnings
+        if time.monotonic() >= deadline:
+            raise RuntimeError(f"no inference engine answers after {wait_s:g}s (POLAR_ENGINE_URL): "
+                               + "; ".join(states))
+        time.sleep(1.0)
 
 
 def startup_line(settings: WorkerSettings, proxies: Sequence[ProxyHandle], queues: Sequence[str],

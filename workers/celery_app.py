@@ -8,6 +8,8 @@ listed alive, reassigns what lost nodes held, and drains on `polar node drain` o
 """
 from __future__ import annotations
 
+import functools
+import logging
 import signal
 
 from celery import Celery, signals
@@ -15,6 +17,9 @@ from kombu import Exchange, Queue
 
 from workers import node
 from workers.settings import PUBLISH_RETRY, load_settings
+
+log = logging.getLogger(__name__)
+ENGINE_WAIT_S = 30.0  # how long a starting node waits for its engine to answer before it refuses to start
 
 try:
     settings = load_settings()
@@ -51,14 +56,23 @@ _heartbeat = None
 
 @signals.worker_init.connect
 def _start_node(**_: object) -> None:
-    """The proxy, then a first heartbeat: the node is listed alive before it takes any sample."""
+    """Model dir, engine, proxy, then a first heartbeat: the node is listed alive before it takes any sample,
+    and a node that cannot serve one refuses to start (one line, exit 1) before its consumer takes any."""
     global _heartbeat
+    from polar.run.services import ServiceError
     from workers import batches, steps
-    from workers.announce import engine_lines, say, startup_line
+    from workers.announce import engines_when_up, say, startup_line
     from workers.heartbeat import Heartbeat
 
-    proxies = node.start(settings)
-    engines, warnings = engine_lines(settings)
+    try:
+        if (problem := node.model_problem(settings.model_dir)) is not None:
+            raise RuntimeError(problem)
+        engines, warnings = engines_when_up(settings, ENGINE_WAIT_S)
+        proxies = node.start(settings)
+    except (ServiceError, RuntimeError, OSError, ValueError) as e:
+        node.stop()
+        say(f"polar node {settings.node}: refused to start: {' '.join(str(e).split())[:600]}")
+        raise SystemExit(1) from None
     say(startup_line(settings, proxies, [q.name for q in app.conf.task_queues],
                      [node.log_path(settings, k) for k in range(len(proxies))], engines))
     for warning in warnings:
@@ -66,6 +80,30 @@ def _start_node(**_: object) -> None:
     messages = steps.Messages(app)
     _heartbeat = Heartbeat(settings, batches.connect(settings.broker), messages.enqueue, messages.revoke)
     _heartbeat.begin()
+
+
+@functools.lru_cache(maxsize=64)
+def _batch_id(manifest_path: str) -> str:
+    from workers.manifest import read_manifest
+
+    return read_manifest(manifest_path).batch_id
+
+
+@signals.task_received.connect
+def _received(request=None, **_: object) -> None:
+    """A prepare message this node took (to run now, or prefetched): the node holds its sample from now on, so
+    the sample is reassigned if the node is lost before the stage starts (workers/steps.py reserve)."""
+    import redis
+
+    from workers import steps
+
+    if request is None or _heartbeat is None or request.name != steps.PREPARE or len(request.args or ()) < 2:
+        return
+    manifest_path, sample_id = request.args[:2]
+    try:
+        steps.reserve(_heartbeat.r, settings.node, _batch_id(manifest_path), sample_id, request.id)
+    except (OSError, ValueError, KeyError, redis.RedisError) as e:  # the stage itself still runs
+        log.warning("polar node %s: could not record sample %s as reserved here (%s)", settings.node, sample_id, e)
 
 
 @signals.worker_ready.connect

@@ -90,7 +90,7 @@ class Heartbeat:
         held = []
         for batch_id, sample_id in liveness.held(self.r, self.node):
             state = batches.sample_state(self.r, batch_id, sample_id)
-            if state.get("node") == self.node and state.get("stage") in steps.HELD:
+            if steps.holds(state, self.node):
                 held.append((batch_id, sample_id))
             else:
                 liveness.untrack(self.r, self.node, batch_id, sample_id)

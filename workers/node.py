@@ -11,6 +11,7 @@ from pathlib import Path
 from polar.run.services import ProxyHandle, running_proxy, start_proxy
 from workers.settings import WorkerSettings
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 _stack = contextlib.ExitStack()
 _proxies: list[ProxyHandle] = []
 
@@ -35,6 +36,16 @@ def reused_proxy(spec: str, sessions: str) -> ProxyHandle:
         raise ValueError(f"POLAR_PROXY {spec!r}: expected PROXY_URL,BASE_URL_URL,CAPTURE_DIR[,CA_FILE]")
     ca = Path(fields[3]) if len(fields) == 4 else Path("~/.polar/mitmproxy/mitmproxy-ca-cert.pem").expanduser()
     return running_proxy(fields[0], fields[1], Path(fields[2]), ca, sessions, ("POLAR_PROXY",) * 3)
+
+
+def model_problem(model_dir: Path) -> str | None:
+    """Why POLAR_MODEL_DIR cannot give the proxy a tokenizer (None when it can): checked before the proxy starts,
+    so a node with a wrong path says so in one line instead of failing every sample it takes."""
+    if not model_dir.exists():
+        return f"POLAR_MODEL_DIR {model_dir}: no such file or directory"
+    if model_dir.is_dir() and not any((model_dir / name).is_file() for name in TOKENIZER_FILES):
+        return f"POLAR_MODEL_DIR {model_dir}: no tokenizer there (expected {' or '.join(TOKENIZER_FILES)})"
+    return None
 
 
 def start(settings: WorkerSettings) -> list[ProxyHandle]:

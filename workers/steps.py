@@ -8,8 +8,10 @@ written by any node (queue `postrun`).
 
 Stale messages: every write a stage makes is a compare-and-set on the sample's current task id. When a node is lost
 (its heartbeat expired, workers/liveness.py) whoever notices first reassigns its samples (`reap`): a new task id,
-a new prepare on any node. What the lost node still had queued, or still runs if it comes back, no longer matches:
-it raises Stale and is discarded, so a reassigned sample is never finished twice.
+a new prepare on any node. A node holds the samples whose stages it runs and the queued ones whose prepare message
+it has received (prefetched, or waiting out a retry's countdown: `reserve`), so none waits on a node that is gone.
+What the lost node still had queued, or still runs if it comes back, no longer matches: it raises Stale and is
+discarded, so a reassigned sample is never finished twice.
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ from workers.manifest import Manifest, read_manifest, result_path, sample_dir, w
 Enqueue = Callable[..., None]  # enqueue(task_name, args, queue=…, task_id=…, countdown=…)
 Revoke = Callable[..., None]  # revoke(task_id, terminate=bool)
 HELD = ("prepare", "run", "evaluate", "postrun")  # stages whose sample is held by its node
+QUEUED = ("queued", "retry")  # stages whose prepare message waits in the queue or in a node's prefetch
 log = logging.getLogger(__name__)
 F = TypeVar("F", bound=Callable[..., None])
 
@@ -105,9 +108,27 @@ class Step:
 
     def next(self, name: str, queue: str, *args: Any, countdown: float = 0, stage: str, **fields: Any) -> None:
         task_id = str(uuid.uuid4())
-        self.update(stage=stage, task=task_id, **fields)
+        self.update(stage=stage, task=task_id, reserved_by=None, **fields)
         self.enqueue(name, [self.manifest_path, self.sample_id, *args], queue=queue, task_id=task_id,
                      countdown=countdown)
+
+
+def holds(state: dict[str, Any], node: str) -> bool:
+    """Whether `node` holds a sample: it runs one of its stages, or it has received its queued prepare message
+    (prefetched, or waiting out a retry's countdown), which no other node can take while it is alive."""
+    if not state.get("task"):
+        return False
+    stage = state.get("stage")
+    return (state.get("node") == node and stage in HELD) or (state.get("reserved_by") == node and stage in QUEUED)
+
+
+def reserve(r: redis.Redis, node: str, batch_id: str, sample_id: str, task_id: str) -> None:
+    """`node` received the sample's prepare message `task_id`: it holds the sample until that stage starts, so a
+    node lost with messages in its prefetch has them reassigned like its running samples."""
+    state = batches.sample_state(r, batch_id, sample_id)
+    if state.get("task") == task_id and state.get("stage") in QUEUED:
+        if batches.update_sample(r, batch_id, sample_id, if_task=task_id, reserved_by=node) is not None:
+            liveness.track(r, node, batch_id, sample_id)
 
 
 def submit_sample(enqueue: Enqueue, r: redis.Redis, manifest: Manifest, manifest_path: str, sample_id: str) -> None:
@@ -127,7 +148,7 @@ def prepare(step: Step) -> None:
     why = flow.SUPERSEDED
     if state.get("lost_from"):
         why = (f"node {state['lost_from']} {state.get('lost_reason', 'lost')}; the sample starts over", "node_lost")
-    step.update(stage="prepare", node=step.node, task=step.task_id, lost_from=None)
+    step.update(stage="prepare", node=step.node, task=step.task_id, lost_from=None, reserved_by=None)
     liveness.track(step.r, step.node, step.batch_id, step.sample_id)
     if state.get("reassigned", 0) > step.ctx.settings.infra_retries:
         flow.abandon_open(sample_dir(step.manifest, step.sample_id), step.ctx.proxy, why)
@@ -268,14 +289,14 @@ def reassign(r: redis.Redis, enqueue: Enqueue, node: str, batch_id: str, sample_
     """Start a sample held by `node` again as a new attempt on any node; True for the one caller that claimed it
     (a compare-and-set on its task id). The old attempt is abandoned by the node that prepares the new one."""
     state = batches.sample_state(r, batch_id, sample_id)
-    if state.get("node") != node or state.get("stage") not in HELD or not state.get("task"):
+    if not holds(state, node):
         liveness.untrack(r, node, batch_id, sample_id)  # finished, or already moved on
         return False
     running = batches.status(r, batch_id) == batches.RUNNING
     task_id = str(uuid.uuid4())
     claimed = batches.update_sample(
         r, batch_id, sample_id, if_task=state["task"], stage="queued" if running else "cancelled", task=task_id,
-        lost_from=node, lost_reason=why, reassigned=state.get("reassigned", 0) + 1,
+        reserved_by=None, lost_from=node, lost_reason=why, reassigned=state.get("reassigned", 0) + 1,
         reassigned_from=[*(state.get("reassigned_from") or []), node], reassigned_at=time.time())
     liveness.untrack(r, node, batch_id, sample_id)
     if claimed is None:

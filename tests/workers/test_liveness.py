@@ -130,3 +130,26 @@ def test_a_sample_lost_too_often_is_masked_with_its_reason(r, tmp_path):
     assert result["reward"] is None and result["weight"] == 0.0 and result["reassigned_from"] == ["n1", "n2", "n1"]
     assert "lost 3 times" in result["reason"] and "POLAR_INFRA_RETRIES is 2" in result["reason"]
     assert sent == [steps.GROUP]  # its group still completes
+
+
+def test_a_queued_sample_reserved_by_a_lost_node_is_reassigned(r):
+    """A prepare message a node received (prefetched, or waiting out a retry's countdown) and never started: when
+    that node is lost the sample is queued again elsewhere, not left waiting on a message in a dead node's memory."""
+    batches.create(r, "b1", "/x/batch.json", ["s1", "s2"], 2, 1, None)
+    batches.update_sample(r, "b1", "s1", stage="queued", task="t-q")
+    batches.update_sample(r, "b1", "s2", stage="queued", task="t-other")
+    steps.reserve(r, "n1", "b1", "s1", "t-q")
+    steps.reserve(r, "n1", "b1", "s2", "t-stale")  # a message the sample no longer waits on: not held
+    assert batches.sample_state(r, "b1", "s1")["reserved_by"] == "n1"
+    assert liveness.held(r, "n1") == [("b1", "s1")]
+    assert steps.reap(r, lambda *a, **k: None) == []  # n1 never beat: nothing to reap yet
+    liveness.beat(r, "n1", 0.1, {})  # then it falls silent
+    time.sleep(0.2)
+    sent = []
+    assert steps.reap(r, lambda name, args, **kw: sent.append((name, args, kw))) == ["s1"]
+    [(name, args, kw)] = sent
+    assert (name, args, kw["queue"]) == (steps.PREPARE, ["/x/batch.json", "s1"], "prepare")
+    state = batches.sample_state(r, "b1", "s1")
+    assert (state["stage"], state["task"], state["reserved_by"], state["lost_from"]) == (
+        "queued", kw["task_id"], None, "n1")
+    assert batches.sample_state(r, "b1", "s2")["task"] == "t-other"

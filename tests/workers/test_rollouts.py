@@ -161,6 +161,29 @@ def test_a_node_says_it_is_up_and_how_it_is(cluster: Cluster):
                          for line in log.read_text().splitlines()), 30, "a status line")
 
 
+def test_a_node_that_cannot_serve_refuses_to_start_and_the_batch_finishes_elsewhere(cluster: Cluster):
+    """POLAR_MODEL_DIR=/nonexistent: the worker says so in one line and exits 1 before its consumer starts (it
+    once took samples from the shared queue and failed them, `this worker's proxy is not running`, and a batch
+    waited on them forever); a batch submitted meanwhile finishes on the good nodes."""
+    env = node_env(cluster.broker, cluster.sessions, cluster.log.url, Path("/nonexistent"), cluster.root, "bad",
+                   runtime="auto")
+    bad = spawn_node(env)
+    batch = cluster.submit(("count-refused", "count"), group_size=2)
+    try:
+        assert bad.proc.wait(60) == 1
+    finally:
+        bad.stop()
+    lines = [line for line in bad.log.read_text().splitlines() if line.startswith("polar node bad")]
+    assert lines == ["polar node bad: refused to start: POLAR_MODEL_DIR /nonexistent: no such file or directory"]
+    assert "Traceback" not in bad.log.read_text() and " ready." not in bad.log.read_text()
+    assert "bad" not in {n.node for n in cluster.client.nodes()}
+    try:
+        p = batch.wait(timeout=300)
+    except TimeoutError:
+        pytest.fail(cluster.diagnose(batch))
+    assert (p.status, p.done, p.masked) == ("completed", 2, 0) and set(p.nodes) <= {"n1", "n2"}, cluster.diagnose(batch)
+
+
 def test_batch_of_groups_over_two_nodes(cluster: Cluster, tiny_model_dir: Path):
     """The three demo tasks x group size 4, Pi in the tasks image (Apptainer), the evaluator running their tests."""
     batch = cluster.client.submit(DEMO_TASKS, group_size=4, adapter="pi", out=cluster.root / "batches")
