@@ -4,8 +4,10 @@ evaluator runs on the untouched workspace, in a verify sandbox built as for a sa
 An untouched workspace usually scores 0 (the bug is not fixed yet): that is fine, a reward was produced. A
 verifier that cannot produce one at all is not: its tool missing (`/usr/bin/python3: No module named pytest`),
 its command not runnable (exit 126/127) or killed by a signal, no number where the reward should be, a python
-verifier that cannot be imported, returns no number or raises on the task's own files. Then every sample of the
-task is an infrastructure error carrying that output (polar/run/sample.py), never a trainable 0.
+verifier that cannot be imported, returns no number or raises on the task's own files. Nor is a verifier that
+checks nothing: its tests ran none (pytest's `no tests ran`, exit 5; a test path that is not there, exit 4;
+unittest's `Ran 0 tests`), or the task's `tests:` folder holds no file. Then every sample of the task is an
+infrastructure error carrying that output and that one line (polar/run/sample.py), never a trainable 0.
 """
 from __future__ import annotations
 
@@ -25,6 +27,10 @@ from polar.tasks.verify import prepare_verify
 
 # `python -m TOOL` without TOOL, or a script that is not there: the verifier's environment, not the workspace.
 MISSING_TOOL = re.compile(r"^\S*python[\w.]*: (No module named \S+|can't open file .*)$", re.M)
+# A test run that ran no test, by its exit status: it would give every sample the same reward whatever it did.
+NO_TESTS = {5: re.compile(r"^[= ]*no tests ran\b.*$", re.M),
+            4: re.compile(r"^ERROR: (file or directory not found|found no collectors for)\b.*$", re.M),
+            None: re.compile(r"^Ran 0 tests in .*$", re.M)}
 
 
 @dataclass(frozen=True)
@@ -41,6 +47,8 @@ _lock = threading.Lock()
 def check_verifier(task: TaskSpec, runtime: str, scratch: Path) -> VerifierProblem | None:
     """None when the task's verifier produced a reward on the untouched workspace (cached); `scratch` is a folder
     this check may fill and remove. Raises what the sandbox raises (a missing image): that is not cached."""
+    if task.tests is not None and not any(p.is_file() for p in task.tests.rglob("*")):
+        return VerifierProblem(f"tests: {task.tests} holds no file: the task's verifier would check nothing", "")
     if task.evaluator.kind == "files":  # compared on the host: it always yields a reward
         return None
     key = json.dumps([task.task_id, str(task.workspace), str(task.tests), task.image, runtime,
@@ -64,6 +72,16 @@ def unscorable(result: Evaluation) -> str | None:
         return f"the task's command was killed by signal {result.exit_code - 128}"
     if (missing := MISSING_TOOL.search(result.output)) is not None:
         return f"the verifier's tool is missing in the task's image: {missing.group(0).strip()}"
+    return ran_no_test(result)
+
+
+def ran_no_test(result: Evaluation) -> str | None:
+    """Why the untouched workspace's run ran no test at all (None when it ran some, or is no test runner)."""
+    for code in (result.exit_code, None):
+        if code in NO_TESTS and (found := NO_TESTS[code].search(result.output)) is not None:
+            exited = f", exit {result.exit_code}" if result.exit_code is not None else ""
+            return (f"the task's verifier ran no test on the untouched workspace ({found.group(0).strip('= ')}"
+                    f"{exited}): it would check nothing; give the task its tests (`tests:`) and name them")
     return None
 
 

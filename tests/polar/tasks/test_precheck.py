@@ -3,6 +3,7 @@ verify sandbox of the host; a verifier that produces no reward at all makes the 
 errors (end to end through `polar run --task`), never a silent 0."""
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -34,6 +35,34 @@ def test_a_verifier_without_a_reward_is_named(tmp_path, command: str, reward: st
     problem = check_verifier(task(command, reward, f"t-{abs(hash(command))}"), "bwrap", tmp_path / "check")
     assert problem is not None and reason in problem.reason, problem
     assert not (tmp_path / "check").exists()  # its scratch is removed
+
+
+@pytest.mark.parametrize("command, line", [
+    # a task file without `tests:`: the body's pytest finds no test in the workspace
+    ("python3 -I -m pytest -q -p no:cacheprovider", "the task's verifier ran no test on the untouched workspace "
+     "(no tests ran in {t}s, exit 5): it would check nothing; give the task its tests (`tests:`) and name them"),
+    ("python3 -I -m pytest -q -p no:cacheprovider tests/test_calc.py", "the task's verifier ran no test on the "
+     "untouched workspace (ERROR: file or directory not found: tests/test_calc.py, exit 4): it would check nothing; "
+     "give the task its tests (`tests:`) and name them"),
+    ("python3 -I -m unittest", "the task's verifier ran no test on the untouched workspace (Ran 0 tests in {t}s, "
+     "exit 0): it would check nothing; give the task its tests (`tests:`) and name them"),
+])
+def test_a_verifier_that_runs_no_test_is_refused(tmp_path, command: str, line: str) -> None:
+    """Scored 0 (or 1) for every sample whatever the agent did, once: now refused by the pre-check in one line."""
+    problem = check_verifier(task(command, task_id=f"none-{abs(hash(command))}"), "bwrap", tmp_path / "check")
+    assert problem is not None, "a verifier that ran no test was trusted"
+    time = re.search(r"in (\d+\.\d+)s", problem.reason)
+    assert problem.reason == line.format(t=time.group(1) if time else "?")
+
+
+def test_an_empty_tests_folder_is_refused(tmp_path) -> None:
+    (tmp_path / "tests" / "sub").mkdir(parents=True)
+    spec = TaskSpec("empty-tests", "fix it", CALC, "host", None,
+                    EvaluatorSpec("command", command="python3 -m pytest -q", reward="exit", timeout_s=30),
+                    tests=tmp_path / "tests")
+    problem = check_verifier(spec, "bwrap", tmp_path / "check")
+    assert problem is not None and problem.reason == (
+        f"tests: {tmp_path / 'tests'} holds no file: the task's verifier would check nothing")
 
 
 @pytest.mark.parametrize("command, reward", [("exit 1", "exit"), ("echo 0", "stdout"), ("grep -q x calc.py", "exit"),
