@@ -77,12 +77,22 @@ def held(r: redis.Redis, node: str, kind: str = "samples") -> list[tuple[str, st
 
 
 def drain(r: redis.Redis, node: str, deadline_s: float) -> None:
-    """Ask a node to take no new samples and hand over, `deadline_s` from now, what it still runs."""
+    """Ask a node to take no new samples and hand over, `deadline_s` from now, what it still runs; listed as
+    draining at once, not at its next heartbeat."""
     r.set(key(node, "drain"), time.time() + deadline_s)
+    _show_state(r, node, DRAINING)
 
 
 def undrain(r: redis.Redis, node: str) -> None:
     r.delete(key(node, "drain"))
+    _show_state(r, node, ALIVE)
+
+
+def _show_state(r: redis.Redis, node: str, state: str) -> None:
+    """Write `state` into the node's live heartbeat (its TTL kept; nothing when it has none)."""
+    raw = r.get(key(node))
+    if raw:
+        r.set(key(node), json.dumps({**json.loads(raw), "state": state}), keepttl=True, xx=True)
 
 
 def drain_deadline(r: redis.Redis, node: str) -> float | None:

@@ -153,3 +153,16 @@ def test_a_queued_sample_reserved_by_a_lost_node_is_reassigned(r):
     assert (state["stage"], state["task"], state["reserved_by"], state["lost_from"]) == (
         "queued", kw["task_id"], None, "n1")
     assert batches.sample_state(r, "b1", "s2")["task"] == "t-other"
+
+
+def test_a_drained_node_is_listed_draining_at_once(r):
+    """`polar node drain` once showed the node alive until its next heartbeat (POLAR_HEARTBEAT_S later)."""
+    liveness.beat(r, "n7", 30, {"state": "alive", "load": 0, "in_flight": []})
+    liveness.drain(r, "n7", 60)
+    [n] = [n for n in liveness.nodes(r) if n.node == "n7"]
+    assert n.state == "draining" and r.pttl(liveness.key("n7")) > 20000  # its heartbeat's TTL is kept
+    liveness.undrain(r, "n7")
+    assert [n.state for n in liveness.nodes(r) if n.node == "n7"] == ["alive"]
+    liveness.drain(r, "gone", 60)  # a node without a heartbeat gets none
+    assert not r.exists(liveness.key("gone"))
+    liveness.undrain(r, "gone")
