@@ -10,6 +10,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 Strategy = Literal["prefix_merging", "prefix_merge", "per_request"]
 HOST_RUNTIMES = ("bwrap", "local")  # runtimes whose tasks run on the node's own filesystem: image "host"
+# A body naming the container runtime without an image runs in the demo task image, as `make setup` imports it
+# into podman (scripts/setup_podman.sh); a node with POLAR_RUNTIME=auto runs an OCI image in the container engine.
+DEFAULT_IMAGES = {"docker": "polar-tasks:local"}
+BODY_RUNTIMES = ("auto", "bwrap", "local", "apptainer", "docker")
 
 
 class Body(BaseModel):
@@ -128,8 +132,19 @@ def _strategy(value: str) -> str:
 
 
 def _image(image: str | None, runtime: str | None) -> str | None:
-    if image is None and runtime in HOST_RUNTIMES:
+    """A task's image under the body's runtime: `host` for bwrap/local, the runtime's default image for docker;
+    a runtime Polar has not, or apptainer without an image, is refused (it once ran in bwrap, silently)."""
+    if runtime is not None and runtime not in BODY_RUNTIMES:
+        raise BadRequest("runtime", f"{runtime!r}: expected one of {', '.join(BODY_RUNTIMES)}")
+    if image is not None:
+        return image
+    if runtime in HOST_RUNTIMES:
         return "host"
+    if runtime in DEFAULT_IMAGES:
+        return DEFAULT_IMAGES[runtime]
+    if runtime == "apptainer":
+        raise BadRequest("image", "runtime apptainer needs the task's image (a SIF or sandbox directory); "
+                                  "only docker has a default (polar-tasks:local)")
     return image
 
 

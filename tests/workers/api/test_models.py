@@ -79,3 +79,27 @@ def test_polar_api_needs_a_token(monkeypatch, capsys):
     monkeypatch.setenv("POLAR_API_TOKEN", "t" * 16)
     assert main(["api", "--max-samples", "0"]) == 2
     assert capsys.readouterr().err.strip() == "polar api: --max-samples: expected more than 0, got 0"
+
+
+def test_a_bodys_runtime_is_honoured_or_refused(tmp_path: Path):
+    """`"runtime": "docker"` without an image once ran in bwrap (image host, silently): now the demo task image,
+    which a node's runtime auto runs in the container engine; apptainer without an image and an unknown runtime
+    are refused naming the field."""
+    from polar.sandbox.runtime import names_oci_image
+
+    docker = from_short(ShortTask(harness="pi", runtime="docker", task_id="t", instruction="x", evaluator=EVALUATOR),
+                        tmp_path)
+    assert docker.tasks[0]["image"] == "polar-tasks:local" and names_oci_image(docker.tasks[0]["image"])
+    request = TaskRequest(task_id="t", instruction="x", agent={"harness": "pi"}, evaluator=EVALUATOR, runtime="docker")
+    assert from_task_request(request, tmp_path).tasks[0]["image"] == "polar-tasks:local"
+    own = from_short(ShortTask(harness="pi", runtime="docker", task_id="t", instruction="x", evaluator=EVALUATOR,
+                               image="docker://debian:12"), tmp_path)
+    assert own.tasks[0]["image"] == "docker://debian:12"
+    for runtime, field, line in [
+            ("apptainer", "image", "image: runtime apptainer needs the task's image (a SIF or sandbox directory); "
+                                   "only docker has a default (polar-tasks:local)"),
+            ("kubernetes", "runtime", "runtime: 'kubernetes': expected one of auto, bwrap, local, apptainer, docker")]:
+        with pytest.raises(BadRequest) as e:
+            from_short(ShortTask(harness="pi", runtime=runtime, task_id="t", instruction="x", evaluator=EVALUATOR),
+                       tmp_path)
+        assert (e.value.field, str(e.value)) == (field, line)
