@@ -10,6 +10,7 @@ The batch folder (`out/<batch_id>`, on storage every node sees) holds the manife
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -72,16 +73,19 @@ class PolarClient:
     def submit(self, tasks: str | Path, group_size: int = 4, min_groups: int | None = None,
                adapter: str | None = None, out: str | Path = "runs/batches", max_staleness: int | None = None,
                batch_id: str | None = None, sampling: dict[str, Any] | None = None,
-               strategy: str = "prefix_merge") -> "Batch":
+               strategy: str = "prefix_merge", tasks_root: str | Path | None = None) -> "Batch":
         """Queue `group_size` samples of every task in the tasks file (YAML or JSONL, polar.tasks.spec).
         `sampling`: some of temperature, top_p, top_k, max_tokens, seed, used for every LLM call of the batch
         whatever the agent's requests ask for (polar_mitm/sampling.py). `strategy`: prefix_merge (one row per
-        append-only chain) or per_request (one row per LLM call)."""
+        append-only chain) or per_request (one row per LLM call). `tasks_root`: where the tasks' paths may lead
+        (polar/tasks/roots.py; recorded in the manifest, so every node holds the batch to it)."""
         from polar.harness.adapters import load_adapter
+        from polar.tasks.roots import tasks_roots
         from polar.tasks.spec import load_tasks
 
         tasks_file = Path(tasks).resolve()
-        specs = load_tasks(tasks_file)
+        roots = tasks_roots(tasks_file, tasks_root)
+        specs = load_tasks(tasks_file, roots)
         for name in {adapter} if adapter else {t.adapter for t in specs}:
             if not name:
                 raise ValueError(f"{tasks_file}: a task names no adapter; give one with adapter=/--adapter")
@@ -89,6 +93,7 @@ class PolarClient:
         bid = batch_id or new_batch_id()
         manifest = plan(bid, Path(out).resolve() / bid, tasks_file, [t.task_id for t in specs], group_size,
                         adapter, min_groups, max_staleness, sampling, strategy)
+        manifest = dataclasses.replace(manifest, tasks_roots=tuple(str(r) for r in roots))
         path = str(write_manifest(manifest))
         batches.create(self.redis, bid, path, [s.sample_id for s in manifest.samples], group_size,
                        len(manifest.groups), min_groups)

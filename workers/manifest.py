@@ -48,6 +48,7 @@ class Manifest:
     created: float = field(default_factory=time.time)
     sampling: dict[str, Any] | None = None  # fixed for every LLM call of the batch (polar_mitm/sampling.py)
     strategy: str = "prefix_merge"  # how each sample's trajectories are built: prefix_merge | per_request
+    tasks_roots: tuple[str, ...] | None = None  # where its tasks' paths may lead (polar/tasks/roots.py)
 
     @property
     def groups(self) -> list[str]:

@@ -66,7 +66,7 @@ def sample_config(manifest: Manifest, sample_id: str, settings: WorkerSettings, 
     from polar.tasks.spec import load_tasks
 
     entry = manifest.sample(sample_id)
-    tasks = {t.task_id: t for t in load_tasks(manifest.tasks_file)}
+    tasks = {t.task_id: t for t in load_tasks(manifest.tasks_file, manifest.tasks_roots)}
     if entry.task_id not in tasks:
         raise ValueError(f"{manifest.tasks_file}: task {entry.task_id!r} is gone")
     task = tasks[entry.task_id]

@@ -22,6 +22,7 @@ VARIABLES = frozenset({
     "base_url", "proxy_url", "ca_cert", "ca_bundle",
 })
 TEMPLATE = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
+FILE_BASE = re.compile(r"^\{\{\s*(home|workspace)\s*\}\}/")  # where a config file may land, besides HOME
 _NAME = re.compile(r"[a-z0-9][a-z0-9._-]*")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 TOP_KEYS = {"name", "description", "package", "api", "model", "shell_tool", "provider", "ways_in",
@@ -57,7 +58,7 @@ class Provider:
 
 @dataclass(frozen=True)
 class ConfigFile:
-    path: str  # template; relative paths are under the harness's HOME
+    path: str  # template; relative paths are under the harness's HOME, else it starts {{ home }}/ or {{ workspace }}/
     text: str | None = None  # template text
     json: Any = None  # data whose strings are templates, written as JSON
 
@@ -225,7 +226,7 @@ def _files(f: _Fields, raw: Any) -> tuple[ConfigFile, ...]:
         where = f"files[{i}]"
         item = f.mapping(item, where)
         f.known(item, {"path", "text", "json"}, where)
-        path = f.string(item, "path", where)
+        path = _file_path(f, f.string(item, "path", where), f"{where}.path")
         if ("text" in item) == ("json" in item):
             raise f.fail(where, "give exactly one of 'text' (a template) or 'json' (data written as JSON)")
         if "text" in item and not isinstance(item["text"], str):
@@ -234,6 +235,16 @@ def _files(f: _Fields, raw: Any) -> tuple[ConfigFile, ...]:
             raise f.fail(f"{where}.json", "expected a mapping or a list")
         out.append(ConfigFile(path, item.get("text"), item.get("json")))
     return tuple(out)
+
+
+def _file_path(f: _Fields, path: str, where: str) -> str:
+    """A config file lands under the sample's HOME or workspace only: a relative path (no `..`) or one that starts
+    with {{ home }}/ or {{ workspace }}/; render.py checks the filled path again and writes without links."""
+    rest = FILE_BASE.sub("", path, count=1)
+    if not rest or rest.startswith("/") or ".." in Path(rest).parts:
+        raise f.fail(where, f"{path!r}: a config file lands under the sample's HOME or workspace: give a path relative "
+                            "to HOME, or one starting {{ home }}/ or {{ workspace }}/, without '..'")
+    return path
 
 
 def _package(f: _Fields, raw: Any) -> Package | None:

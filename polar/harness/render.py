@@ -5,7 +5,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from polar.harness.adapters import TEMPLATE, AdapterSpec
 
@@ -98,9 +98,8 @@ def render(spec: AdapterSpec, run: RunValues, endpoint: Endpoint, extra_path: li
     env.update({k: fill(v, values) for k, v in spec.env.items()})
     env.update({k: fill(v, values) for k, v in spec.ways_in[run.way_in].items()})
     files: dict[Path, str] = {}
-    for cf in spec.files:
-        path = Path(fill(cf.path, values))
-        path = path if path.is_absolute() else run.home / path
+    for i, cf in enumerate(spec.files):
+        path = _landing(spec, i, Path(fill(cf.path, values)), (run.home, run.workspace))
         if cf.text is not None:
             files[path] = fill(cf.text, values)
         else:
@@ -109,10 +108,42 @@ def render(spec: AdapterSpec, run: RunValues, endpoint: Endpoint, extra_path: li
     return Rendered(argv, env, files)
 
 
-def write_files(files: Mapping[Path, str]) -> None:
+def _landing(spec: AdapterSpec, i: int, path: Path, bases: Sequence[Path]) -> Path:
+    """Where config file i lands: under HOME (relative paths) or the workspace, never elsewhere, whatever a
+    template filled in (an instruction or a model name may hold `../`)."""
+    path = Path(os.path.normpath(bases[0] / path))  # an absolute path stays itself
+    if not any(path != b and path.is_relative_to(os.path.normpath(b)) for b in bases):
+        raise ValueError(f"adapter {spec.name}: files[{i}].path: {spec.files[i].path!r} lands at {path}, outside the "
+                         "sample's HOME and workspace")
+    return path
+
+
+def write_files(files: Mapping[Path, str], under: Sequence[Path]) -> None:
+    """Each file beneath one of `under` (the sample's HOME, its workspace), no link followed on the way: a task's
+    workspace may hold `.config -> /etc`, and these files are written by the host."""
     for path, content in files.items():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(content)
+        base = next((b for b in under if path.is_relative_to(b) and path != b), None)
+        if base is None:
+            raise ValueError(f"{path}: a harness config file outside the sample's HOME and workspace")
+        parts = path.relative_to(base).parts
+        base.mkdir(parents=True, exist_ok=True)  # Polar's own folder
+        fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            for part in parts[:-1]:
+                try:
+                    os.mkdir(part, dir_fd=fd)
+                except FileExistsError:
+                    pass
+                fd, parent = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd), fd
+                os.close(parent)
+            out = os.open(parts[-1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o666, dir_fd=fd)
+        except OSError as e:
+            raise ValueError(f"{path}: cannot write a harness config file there without following a link: "
+                             f"{e.strerror}") from e
+        finally:
+            os.close(fd)
+        with os.fdopen(out, "w") as f:
+            f.write(content)
 
 
 def redact(env: Mapping[str, str], secret: str) -> dict[str, str]:

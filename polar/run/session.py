@@ -187,7 +187,7 @@ def render_harness(setup: HarnessSetup, mounts: Mounts, session: Session, endpoi
     values = RunValues(setup.instruction, setup.model, mounts.home, mounts.workspace,
                        session.session_id, session.token, setup.way_in)
     rendered = render(setup.adapter, values, endpoint, list(setup.tools_bin))
-    write_files(rendered.files)
+    write_files(rendered.files, (mounts.home, mounts.workspace))
     (out / "harness.json").write_text(json.dumps({
         "argv": list(rendered.argv), "env": redact(rendered.env, session.token),
         "files": [str(p) for p in rendered.files], "runtime": setup.runtime, "via": setup.way_in,

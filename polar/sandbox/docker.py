@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from polar.sandbox import bridge
+from polar.sandbox.build_context import ContextError, caps_from_env, context_digest, missing_image, pull_policy
 from polar.sandbox.apptainer import read_only_binds
 from polar.sandbox.identity import Identity, sandbox_identity
 from polar.sandbox.limits import DEFAULT_LIMITS, Limits
@@ -131,8 +132,9 @@ def _exists(engine: Engine, ref: str) -> bool:
 
 
 def image_ref(engine: Engine, image: str) -> str:
-    """The engine's name for a task's image: a tag or docker:// reference (pulled when missing), a `docker save`
-    tarball (loaded), a root filesystem directory (imported); raises SandboxError naming the image."""
+    """The engine's name for a task's image: a tag or docker:// reference (pulled when missing only with
+    POLAR_PULL=missing), a `docker save` tarball (loaded), a root filesystem directory (imported); raises
+    SandboxError naming the image."""
     path = Path(image)
     if image.startswith("/") and not path.exists():
         raise SandboxError(f"docker runtime: image {image} not found")
@@ -141,6 +143,12 @@ def image_ref(engine: Engine, image: str) -> str:
     if image.startswith("docker://") or not path.exists():
         ref = image.removeprefix("docker://")
         if not _exists(engine, ref):
+            try:
+                policy = pull_policy()
+            except ContextError as e:
+                raise SandboxError(f"docker runtime: {e}") from e
+            if policy == "never":
+                raise SandboxError(missing_image(ref, engine.kind))
             engine.run(["pull", "--quiet", ref])
         return ref
     if path.is_dir():
@@ -153,12 +161,13 @@ def image_ref(engine: Engine, image: str) -> str:
 
 def build_dockerfile(engine: Engine, dockerfile: Path) -> str:
     """A Harbor task's environment/Dockerfile as an image, built once (tagged by its build context's contents),
-    without a registry: every base image it names must be on this node already, else SandboxError naming it."""
+    without a registry: every base image it names must be on this node already, else SandboxError naming it.
+    The context is hashed within caps (polar/sandbox/build_context.py), never read whole."""
     context = dockerfile.parent
-    digest = hashlib.sha256()
-    for f in sorted(p for p in context.rglob("*") if p.is_file() and not p.is_symlink()):
-        digest.update(f"{f.relative_to(context)}\0".encode() + f.read_bytes() + b"\0")
-    tag = f"polar-harbor:{digest.hexdigest()[:16]}"
+    try:
+        tag = f"polar-harbor:{context_digest(context, caps_from_env())[:16]}"
+    except (ContextError, OSError) as e:
+        raise SandboxError(f"docker runtime: {dockerfile}: {e}") from e
     if _exists(engine, tag):
         return tag
     for base in dockerfile_bases(dockerfile.read_text(errors="replace")):

@@ -15,7 +15,9 @@ read as they are into our TaskSpec.
   [polar] submit  (a Polar addition) workspace globs of NEW files the agent's work may add; the files the
                   workspace held before the run may always be changed or deleted (polar/tasks/allow.py)
 
-The task id is the directory's name. Every error is one line naming the file and the field.
+The task id is the directory's name. The task directory and each of its folders and files Polar uses must resolve
+under the tasks root (polar/tasks/roots.py): a link out of it (`environment/workspace -> /home/me`) is refused.
+Every error is one line naming the file and the field.
 """
 from __future__ import annotations
 
@@ -27,10 +29,11 @@ import re
 import tomllib
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from polar.tasks.task import SESSION_MARGIN_S, TESTS_AT, EvaluatorSpec, Submit, TaskError, TaskSpec
 from polar.tasks.agent_files import AgentFileError, read_beneath
+from polar.tasks.roots import inside, outside, tasks_roots
 from polar_traj.records import check_id
 
 TASK_FILE = "task.toml"
@@ -41,26 +44,40 @@ MIN_MEMORY_MB = 16  # polar/sandbox/limits.py's floor
 _MEMORY = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]?)B?", re.I)
 
 
-def load_harbor(path: Path) -> list[TaskSpec]:
-    """The task of a Harbor task directory, or every task directory directly under a folder, sorted by name."""
+def load_harbor(path: Path, roots: Sequence[Path] | None = None) -> list[TaskSpec]:
+    """The task of a Harbor task directory, or every task directory directly under a folder, sorted by name.
+    `roots`: the tasks root (default polar/tasks/roots.py's for `path`)."""
+    roots = tuple(roots) if roots is not None else tasks_roots(path)
     path = Path(path).resolve()
     dirs = [path] if (path / TASK_FILE).is_file() else sorted(p.parent for p in path.glob(f"*/{TASK_FILE}"))
     if not dirs:
         raise TaskError(f"{path}: no {TASK_FILE} in it or in its subfolders (not a Harbor task directory)")
-    return [load_harbor_task(d) for d in dirs]
+    return [load_harbor_task(d, roots) for d in dirs]
+
+
+def confine(task_dir: Path, rel: str, roots: Sequence[Path]) -> Path:
+    """task_dir/rel, refused (TaskError naming it) when it or a link on its way leads out of the tasks root."""
+    path = task_dir / rel if rel else task_dir
+    if os.path.lexists(path) and not inside(path, roots):
+        raise TaskError(f"{task_dir}: {rel or 'task'}: {outside(str(path.resolve()), roots)}")
+    return path
 
 
 def solution_of(path: Path, task_id: str) -> Path:
     """solution/solve.sh of the task `task_id` loaded from `path` (its directory, or the folder holding it)."""
     path = Path(path).resolve()
     task_dir = path if (path / TASK_FILE).is_file() else path / task_id
-    script = task_dir / "solution" / "solve.sh"
+    script = confine(task_dir, "solution/solve.sh", tasks_roots(path))
     if not script.is_file():
         raise TaskError(f"{script}: solution: missing (--oracle runs the task's solution/solve.sh)")
     return script
 
 
-def load_harbor_task(task_dir: Path) -> TaskSpec:
+def load_harbor_task(task_dir: Path, roots: Sequence[Path] | None = None) -> TaskSpec:
+    roots = tuple(roots) if roots is not None else tasks_roots(task_dir)
+    for rel in ("", TASK_FILE, "instruction.md", "tests", "environment", "environment/workspace",
+                "environment/Dockerfile"):
+        confine(task_dir, rel, roots)
     toml_file = task_dir / TASK_FILE
     try:
         config = tomllib.loads(toml_file.read_text(encoding="utf-8"))

@@ -9,7 +9,7 @@ adapter (optional: the batch's default otherwise), evaluator, timeout_s (the age
 protected (workspace globs the agent may never change), submit (what the agent's work may contribute: workspace
 globs, or {files, existing, binary}; none: the files the workspace already has, with one warning line; see
 polar/tasks/allow.py), reward_range (default [0, 1]); max_calls (the session's LLM call cap). Relative paths
-are relative to the task file.
+are relative to the task file, and every path must resolve under the tasks root (polar/tasks/roots.py).
 Every error is one line: "FILE:LINE: FIELD: problem".
 """
 from __future__ import annotations
@@ -21,12 +21,13 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import yaml
 
 # the task's values live in polar/tasks/task.py; callers import them from here too
 from polar.tasks.harbor import load_harbor
+from polar.tasks.roots import adapters_root, inside, outside, roots_text, tasks_roots
 from polar.tasks.task import (DEFAULT_EVAL_TIMEOUT_S, DEFAULT_MAX_CALLS, DEFAULT_REWARD_RANGE,  # noqa: F401
                               DEFAULT_TIMEOUT_S, SESSION_MARGIN_S, EvaluatorSpec, Submit, TaskError, TaskSpec)
 from polar_traj.records import check_id
@@ -57,12 +58,14 @@ class _Where:
         return TaskError(f"{self.file}:{self.keys.get(key.split('.')[0], self.line)}: {key}: {problem}")
 
 
-def load_tasks(path: str | Path) -> list[TaskSpec]:
+def load_tasks(path: str | Path, tasks_root: str | Path | Sequence[str | Path] | None = None) -> list[TaskSpec]:
     """Every task of a YAML or JSONL task file, or of a Harbor task directory or a folder of them
-    (polar/tasks/harbor.py), validated; raises TaskError ("FILE:LINE: FIELD: problem")."""
+    (polar/tasks/harbor.py), validated; raises TaskError ("FILE:LINE: FIELD: problem"). `tasks_root`: where its
+    paths may lead (default: POLAR_TASKS_ROOT, else the file's folder and the current directory)."""
     path = Path(path)
+    roots = tasks_roots(path, tasks_root)
     if path.is_dir():
-        return load_harbor(path)
+        return load_harbor(path, roots)
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
@@ -70,7 +73,7 @@ def load_tasks(path: str | Path) -> list[TaskSpec]:
     items = _jsonl_items(path, text) if path.suffix == ".jsonl" else _yaml_items(path, text)
     tasks, seen = [], {}
     for raw, where in items:
-        task = _parse_task(raw, where, path.resolve().parent)
+        task = _parse_task(raw, where, path.resolve().parent, roots)
         if task.task_id in seen:
             raise where.fail("task_id", f"{task.task_id!r} already used on line {seen[task.task_id]}")
         seen[task.task_id] = where.keys.get("task_id", where.line)
@@ -137,7 +140,7 @@ def _where_of(path: Path, node: yaml.Node) -> _Where:
     return _Where(path, node.start_mark.line + 1, keys)
 
 
-def _parse_task(raw: Any, where: _Where, base: Path) -> TaskSpec:
+def _parse_task(raw: Any, where: _Where, base: Path, roots: Sequence[Path]) -> TaskSpec:
     if not isinstance(raw, dict):
         raise where.fail("task", f"expected a mapping, got {raw!r}")
     unknown = sorted(set(map(str, raw)) - set(TASK_KEYS))
@@ -162,11 +165,11 @@ def _parse_task(raw: Any, where: _Where, base: Path) -> TaskSpec:
         raise where.fail("metadata", f"expected a mapping, got {metadata!r}")
     adapter = raw.get("adapter")
     if adapter is not None:
-        adapter = _text(adapter, "adapter", where)
-    tests = _tests(raw.get("tests"), where, base)
+        adapter = _adapter(_text(adapter, "adapter", where), where, roots)
+    tests = _tests(raw.get("tests"), where, base, roots)
     if evaluator.kind == "pytest":
         _check_test_files(evaluator.pytest, tests, where)
-    return TaskSpec(task_id, instruction, _workspace(raw.get("workspace"), where, base),
+    return TaskSpec(task_id, instruction, _workspace(raw.get("workspace"), where, base, roots),
                     _image(raw.get("image", "host"), where, base), adapter, evaluator, timeout, session,
                     MappingProxyType(dict(metadata)), tests,
                     _globs(raw.get("protected"), where), _range(raw.get("reward_range"), where),
@@ -186,22 +189,40 @@ def _seconds(value: Any, key: str, where: _Where) -> float:
     return float(value)
 
 
-def _workspace(value: Any, where: _Where, base: Path) -> Path | None:
+def _confined(value: Any, key: str, where: _Where, base: Path, roots: Sequence[Path]) -> Path:
+    """base/value, refused unless it (every link followed) lies under the tasks root."""
+    text = _text(value, key, where)
+    path = base / text
+    if not inside(path, roots):
+        raise where.fail(key, outside(text, roots))
+    return path
+
+
+def _workspace(value: Any, where: _Where, base: Path, roots: Sequence[Path]) -> Path | None:
     if value is None:
         return None
-    path = base / _text(value, "workspace", where)
+    path = _confined(value, "workspace", where, base, roots)
     if not (path.is_dir() or (path.is_file() and path.name.endswith((".tar.gz", ".tgz")))):
         raise where.fail("workspace", f"{path} is neither a directory nor a .tar.gz file")
     return path.resolve()
 
 
-def _tests(value: Any, where: _Where, base: Path) -> Path | None:
+def _tests(value: Any, where: _Where, base: Path, roots: Sequence[Path]) -> Path | None:
     if value is None:
         return None
-    path = base / _text(value, "tests", where)
+    path = _confined(value, "tests", where, base, roots)
     if not path.is_dir():
         raise where.fail("tests", f"{path} is not a directory")
     return path.resolve()
+
+
+def _adapter(text: str, where: _Where, roots: Sequence[Path]) -> str:
+    """A harness name; an adapter YAML by path (read from the current directory, as --adapter is): under the tasks
+    root or the adapters root, since its `files:` and command run for the task."""
+    if (text.endswith((".yaml", ".yml")) or "/" in text) and not inside(Path(text), (*roots, adapters_root())):
+        raise where.fail("adapter", f"{text!r} is outside the tasks root {roots_text(roots)} and the adapters root "
+                                    f"{adapters_root()}")
+    return text
 
 
 def _globs(value: Any, where: _Where, key: str = "protected") -> tuple[str, ...]:

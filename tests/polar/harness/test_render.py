@@ -51,7 +51,7 @@ def test_json_files_render_keys_and_values(tmp_path):
     provider = config["provider"]["polar"]
     assert provider["options"] == {"baseURL": "http://127.0.0.1:18081/v1", "apiKey": "{env:POLAR_API_KEY}"}
     assert list(provider["models"]) == ["m1"] and config["model"] == "polar/m1"
-    write_files(r.files)
+    write_files(r.files, (tmp_path / "home", tmp_path / "ws"))
     assert json.loads(path.read_text()) == config
 
 
