@@ -8,6 +8,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from polar.tasks.roots import ADAPTERS_ROOT_ENV, adapters_root, inside
+
 Strategy = Literal["prefix_merging", "prefix_merge", "per_request"]
 HOST_RUNTIMES = ("bwrap", "local")  # runtimes whose tasks run on the node's own filesystem: image "host"
 # A body naming the container runtime without an image runs in the demo task image, as `make setup` imports it
@@ -148,6 +150,19 @@ def _image(image: str | None, runtime: str | None) -> str | None:
     return image
 
 
+def _harness(value: str | None, field_name: str) -> str | None:
+    """A harness name as is; an adapter YAML by path (relative: to the adapters root) only from under the adapters
+    root: its `files:` and command run on the node, so a body may not point at a YAML of its own making."""
+    if value is None or not (value.endswith((".yaml", ".yml")) or "/" in value):
+        return value
+    root = adapters_root()
+    path = root / value  # an absolute value stays itself
+    if not inside(path, (root,)):
+        raise BadRequest(field_name, f"{value!r} is outside the adapters root {root} ({ADAPTERS_ROOT_ENV} names "
+                                     "another)")
+    return str(path.resolve())
+
+
 def _entry(fields: dict[str, Any], root: Path) -> dict[str, Any]:
     """A task entry without unset fields, its relative paths made absolute under the service's tasks root."""
     entry = {k: v for k, v in fields.items() if v is not None}
@@ -174,10 +189,13 @@ def from_short(body: ShortTask, root: Path) -> Submission:
         raw = [single]
     if not raw:
         raise BadRequest("tasks", "no tasks")
+    for i, t in enumerate(raw):
+        t["adapter"] = _harness(t.get("adapter"), f"tasks[{i}].adapter")
     tasks = [_entry({**t, "image": _image(t.get("image"), body.runtime)}, root) for t in raw]
     strategy = _strategy(body.trajectory_strategy)
-    return Submission(tasks, body.group_size, body.harness, body.min_groups, body.max_staleness, body.sampling,
-                      body.callback_url, strategy, {"runtime": body.runtime, "trajectory_strategy": strategy})
+    return Submission(tasks, body.group_size, _harness(body.harness, "harness"), body.min_groups,
+                      body.max_staleness, body.sampling, body.callback_url, strategy,
+                      {"runtime": body.runtime, "trajectory_strategy": strategy})
 
 
 def from_task_request(body: TaskRequest, root: Path) -> Submission:
@@ -194,5 +212,6 @@ def from_task_request(body: TaskRequest, root: Path) -> Submission:
     extra = {"runtime": body.runtime, "dispatch_priority": body.dispatch_priority,
              "early_stop_min_usable_sessions": body.early_stop_min_usable_sessions,
              "trajectory_strategy": _strategy(body.builder.strategy)}
-    return Submission([task], body.num_samples, body.agent.harness, callback_url=body.callback_url,
-                      strategy=_strategy(body.builder.strategy), extra=extra, size_field="num_samples")
+    return Submission([task], body.num_samples, _harness(body.agent.harness, "agent.harness"),
+                      callback_url=body.callback_url, strategy=_strategy(body.builder.strategy), extra=extra,
+                      size_field="num_samples")
