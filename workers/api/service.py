@@ -59,7 +59,7 @@ class Service:
         self.r.expire(API_PREFIX + batch_id, batches.TTL_S)
         try:
             self.client.submit(tasks_file, sub.group_size, sub.min_groups, sub.adapter, self.config.out,
-                               sub.max_staleness, batch_id, sub.sampling, sub.strategy)
+                               sub.max_staleness, batch_id, sub.sampling, sub.strategy, self.config.tasks_root)
         except ValueError as e:  # nothing was queued: leave nothing behind
             self.r.delete(API_PREFIX + batch_id)
             tasks_file.unlink()
