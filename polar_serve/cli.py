@@ -26,6 +26,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--prefix-cache-mb", type=_non_negative, default=DEFAULT_PREFIX_CACHE_MB,
                    help="memory for the prefix cache of KV states (least recently used entries are dropped); "
                         "0 turns it off (default: %(default)s)")
+    p.add_argument("--context-length", type=_context_length, default=0, metavar="N",
+                   help="longest prompt + reply in tokens; a RoPE model takes any position, so a small model can "
+                        "serve the long prompts of Codex or Claude Code (about 18k tokens): 65536, as `polar run` "
+                        "uses (default: the model's own max_position_embeddings)")
     p.add_argument("--step-delay-ms", type=_non_negative, default=0.0,
                    help="for benchmarks and load-balancing tests: pause this long after every produced token, "
                         "to make the server slow on purpose; other requests keep running (default: 0)")
@@ -42,6 +46,12 @@ def _non_negative(text: str) -> float:
     return value
 
 
+def _context_length(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected a whole number of tokens (0: the model's own), got {text!r}")
+    return int(text)
+
+
 async def _serve(args: argparse.Namespace, policy: Policy | None) -> None:
     import torch
     from aiohttp import web
@@ -50,7 +60,7 @@ async def _serve(args: argparse.Namespace, policy: Policy | None) -> None:
     from polar_serve.server import ReferenceServer, ServerOptions
 
     torch.set_num_threads(max(1, args.threads))
-    engine = Engine(args.model, prefix_cache_mb=args.prefix_cache_mb)
+    engine = Engine(args.model, prefix_cache_mb=args.prefix_cache_mb, context_length=args.context_length)
     options = ServerOptions(served_model_name=args.served_model_name or args.model.resolve().name,
                             incremental_streaming_output=args.incremental_streaming_output,
                             step_delay_s=args.step_delay_ms / 1000)
@@ -61,7 +71,7 @@ async def _serve(args: argparse.Namespace, policy: Policy | None) -> None:
     host, port = runner.addresses[0][:2]
     # Tests and scripts read this line to learn the port (useful with --port 0).
     print(f"polar serve: listening on http://{host}:{port} (model {args.model}, "
-          f"policy {args.policy or 'none'})", flush=True)
+          f"policy {args.policy or 'none'}, context {engine.max_context_length} tokens)", flush=True)
     try:
         await asyncio.Event().wait()
     finally:

@@ -55,7 +55,7 @@ PREFILL_CHUNK = 256  # prompts run in chunks aligned to this many positions; the
 
 class Engine:
     def __init__(self, model_path: str | Path, dtype: torch.dtype = torch.float32,
-                 prefix_cache_mb: float = DEFAULT_PREFIX_CACHE_MB) -> None:
+                 prefix_cache_mb: float = DEFAULT_PREFIX_CACHE_MB, context_length: int = 0) -> None:
         from transformers import AutoTokenizer
 
         _quiet_transformers()
@@ -66,7 +66,8 @@ class Engine:
         self.weight_version = "0"
         self.eos_token_ids = _eos_ids(self.model, self.tokenizer)
         self.vocab_size = int(self.model.config.vocab_size)
-        self.max_context_length = int(getattr(self.model.config, "max_position_embeddings", 4096))
+        # `context_length` (polar serve --context-length) raises it: RoPE positions go past the trained length
+        self.max_context_length = context_length or int(getattr(self.model.config, "max_position_embeddings", 4096))
         self.prefix_cache = PrefixCache(int(prefix_cache_mb * 2**20), block=PREFILL_CHUNK)
 
     def info(self) -> ModelInfo:

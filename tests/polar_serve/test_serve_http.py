@@ -223,9 +223,19 @@ def test_info_endpoints(reference_server: str, tiny_model_dir: Path) -> None:
 
 @pytest.fixture(scope="module")
 def own_server(tiny_model_dir: Path) -> Iterator[str]:
-    """A server of its own: these tests change its weights and pause it."""
-    with launch(tiny_model_dir) as base:
+    """A server of its own: these tests change its weights and pause it; with a longer context than the model's."""
+    with launch(tiny_model_dir, None, ("--context-length", "20000")) as base:
         yield base
+
+
+def test_context_length_takes_a_harness_sized_prompt(own_server: str, reference_server: str) -> None:
+    """`polar serve --context-length 20000`: the ~18k-token prompts of Codex and Claude Code fit a model whose
+    config says 4096 (the service path once masked every such sample: `prompt is 17784 tokens`)."""
+    body = {"input_ids": [5] * 6000, "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
+    assert httpx.post(reference_server + "/generate", json=body, timeout=60).status_code == 400  # the model's 4096
+    r = httpx.post(own_server + "/generate", json=body, timeout=120)
+    assert r.status_code == 200 and r.json()["meta_info"]["prompt_tokens"] == 6000, r.text
+    assert httpx.get(own_server + "/get_model_info").json()["max_context_length"] == 20000
 
 
 def test_weight_reload_changes_version_and_outputs(own_server: str, tmp_path: Path, tiny_model_dir: Path,
