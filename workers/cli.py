@@ -20,6 +20,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--group-size", type=int, default=4, help="samples per task (a GRPO group)")
     p.add_argument("--min-groups", type=int, help="finish once this many groups are complete; cancel the rest")
     p.add_argument("--adapter", help="harness adapter for every task (default: each task's own)")
+    p.add_argument("--tasks-root", type=Path, help="where the tasks' workspaces, tests and Harbor folders may lie "
+                                                   "(default: POLAR_TASKS_ROOT, else the task file's folder and the "
+                                                   "current directory; docs/tasks.md)")
     p.add_argument("--out", type=Path, default=Path(os.environ.get("POLAR_OUTPUT_ROOT", "runs/batches")),
                    help="output root on storage every node sees (the batch gets OUT/<batch_id>)")
     p.add_argument("--max-staleness", type=int, help="mark trajectories whose calls span more weight versions")
@@ -110,7 +113,7 @@ def submit(args: argparse.Namespace) -> int:
     try:  # the user's own inputs first, then the connection
         if not 1 <= args.group_size <= 999:
             raise ValueError(f"--group-size {args.group_size}: expected 1-999")
-        load_tasks(args.tasks)
+        load_tasks(args.tasks, args.tasks_root)
         sampling = sampling_from_args(args)
     except (ValueError, OSError) as e:
         print(f"polar submit: {e}", file=sys.stderr)
@@ -121,7 +124,8 @@ def submit(args: argparse.Namespace) -> int:
     try:
         client = _client(args)
         batch = client.submit(args.tasks, args.group_size, args.min_groups, args.adapter, args.out,
-                              args.max_staleness, sampling=sampling, strategy=args.strategy)
+                              args.max_staleness, sampling=sampling, strategy=args.strategy,
+                              tasks_root=args.tasks_root)
     except (ValueError, OSError, KeyError) as e:
         print(f"polar submit: {e}", file=sys.stderr)
         return 2

@@ -33,6 +33,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--instruction", help="the task given to the harness (not with --task)")
     p.add_argument("--task", type=Path, help="task file (YAML or JSONL, docs/tasks.md) or Harbor task directory: "
                                              "run one scored sample")
+    p.add_argument("--tasks-root", type=Path, help="where the tasks' workspaces, tests and Harbor folders may lie "
+                                                   "(default: POLAR_TASKS_ROOT, else the task file's folder and the "
+                                                   "current directory; docs/tasks.md)")
     p.add_argument("--oracle", action="store_true", help="with --task (a Harbor task directory): run its "
                                                          "solution/solve.sh instead of a harness, then its verifier")
     p.add_argument("--image", help="with --task: use this image (SIF, sandbox directory, OCI image or `host`) "
@@ -158,7 +161,7 @@ def run_task(args: argparse.Namespace) -> int:
         print("polar run: --instruction and --workdir come from the task file with --task", file=sys.stderr)
         return 2
     try:
-        task = select_task(load_tasks(args.task), args.task_id, args.task)
+        task = select_task(load_tasks(args.task, args.tasks_root), args.task_id, args.task)
         if args.image:
             as_is = args.image == "host" or names_oci_image(args.image)
             image = args.image if as_is else str(Path(args.image).resolve())
@@ -211,7 +214,7 @@ def run_task_oracle(args: argparse.Namespace, task: TaskSpec) -> int:
     from polar.tasks.harbor import solution_of
     from polar.tasks.oracle import run_oracle
 
-    solve = solution_of(args.task, task.task_id)  # TaskError: caught by the caller
+    solve = solution_of(args.task, task.task_id, args.tasks_root)  # TaskError: caught by the caller
     _check_image(task.image, "--image" if args.image else f"task {task.task_id}: image")
     out = (args.out or Path("runs") / f"{task.task_id}-oracle-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     if out.exists():

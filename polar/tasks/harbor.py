@@ -63,11 +63,11 @@ def confine(task_dir: Path, rel: str, roots: Sequence[Path]) -> Path:
     return path
 
 
-def solution_of(path: Path, task_id: str) -> Path:
+def solution_of(path: Path, task_id: str, tasks_root: Path | None = None) -> Path:
     """solution/solve.sh of the task `task_id` loaded from `path` (its directory, or the folder holding it)."""
     path = Path(path).resolve()
     task_dir = path if (path / TASK_FILE).is_file() else path / task_id
-    script = confine(task_dir, "solution/solve.sh", tasks_roots(path))
+    script = confine(task_dir, "solution/solve.sh", tasks_roots(path, tasks_root))
     if not script.is_file():
         raise TaskError(f"{script}: solution: missing (--oracle runs the task's solution/solve.sh)")
     return script
