@@ -9,6 +9,7 @@ import zlib
 from pathlib import Path
 
 from polar.run.services import ProxyHandle, running_proxy, start_proxy
+from polar.sandbox import supervisor
 from workers.settings import WorkerSettings
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
@@ -51,6 +52,7 @@ def model_problem(model_dir: Path) -> str | None:
 def start(settings: WorkerSettings) -> list[ProxyHandle]:
     """Start (or adopt) the node's proxies, POLAR_PROXIES of them; idempotent within a process. One after the
     other: the first makes the CA the others then load from the same confdir."""
+    supervisor.start_supervisor()  # before the pool forks: what a killed node started is stopped by it
     if not _proxies:
         if settings.proxy:
             _proxies.append(reused_proxy(settings.proxy, settings.sessions))

@@ -17,6 +17,7 @@ from polar.run.sample import SampleConfig, SampleResult, run_sample
 from polar.run.services import ROOT, ProxyHandle, ServiceError, running_proxy
 from polar.run.session import EngineConfig, RunConfig, run_session
 from polar.sandbox.runtime import RUNTIMES, SandboxError, names_oci_image, resolve_runtime
+from polar.sandbox.supervisor import supervising
 from polar.tasks.evaluate import EvaluatorCrash
 from polar.tasks.spec import TaskError, TaskSpec, load_tasks, select_task
 from polar_mitm.cli import engine_model_mismatch, tokenizer_problem
@@ -111,6 +112,12 @@ def _check_policy(path: Path) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Under one watchdog (polar/sandbox/supervisor.py): what the run starts is stopped even if it is killed."""
+    with supervising():
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.task is not None:
         return run_task(args)
     if not (args.adapter and args.instruction):

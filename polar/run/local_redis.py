@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Iterator
 
 from polar.run.services import ServiceError
+from polar.sandbox import supervisor
 from polar_mitm.launch import free_port, stop, wait_for_port
 
 
@@ -39,7 +40,9 @@ def private_redis(log_dir: Path, start_timeout_s: float = 20.0, tcp: bool = Fals
     tmp = Path(tempfile.mkdtemp(prefix="polar-redis-"))
     sock, log = tmp / "redis.sock", log_dir / "redis.log"
     port = free_port() if tcp else 0
+    watches = [supervisor.watch_path(tmp)]  # its data holds the sessions' tokens: gone with a killed run too
     proc = start_redis(redis_command(tmp, port, None if tcp else sock), log)
+    watches.append(supervisor.watch_process(proc.pid))
     try:
         if tcp:
             try:
@@ -57,3 +60,5 @@ def private_redis(log_dir: Path, start_timeout_s: float = 20.0, tcp: bool = Fals
     finally:
         stop(proc)
         shutil.rmtree(tmp, ignore_errors=True)
+        for watch in watches:
+            watch.release()

@@ -37,6 +37,7 @@ from polar.run.session import (DEFAULT_CONFDIR, HARNESS_BIN, TOOLS_BIN, EngineCo
                                exec_harness, prepare_harness, shared_dir, start_services, workspace_snapshots)
 from polar.run.summary import CONTENT_FAILURE, WorkspaceTooLarge, build_trajectories, changed_files, count_calls
 from polar.run.state import SampleState, load_state
+from polar.sandbox import supervisor
 from polar.sandbox.occupancy import occupying
 from polar.sandbox.runtime import Sandbox, get_runtime, resolve_runtime
 from polar.tasks.evaluate import Evaluation, EvaluatorCrash, evaluate
@@ -118,6 +119,8 @@ def prepare_sample(cfg: SampleConfig, engine: EngineConfig, proxy: ProxyHandle) 
         (out / d).mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     shared, temporary = shared_dir(out)
+    if temporary:  # outside the sample folder: removed by cleanup_sample, or by the watchdog of a killed run
+        supervisor.watch_path(shared, f"path:{shared}")
     engine_record = {**asdict(engine), "model_dir": str(engine.model_dir),
                      "policy": str(engine.policy) if engine.policy else None}
     state = SampleState(cfg.sample_id, cfg.group_id, out, cfg.task, cfg.adapter.name, cfg.adapter.source,
@@ -312,6 +315,7 @@ def cleanup_sample(sample_dir: Path) -> None:
             done[key] = True
     if state.shared_temporary:
         shutil.rmtree(state.shared, ignore_errors=True)
+        supervisor.release(f"path:{state.shared}")
     state.save()
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Iterator
 from urllib.parse import urlsplit
 
+from polar.sandbox import supervisor
 from polar_traj import atomic
 from polar_mitm.launch import PARENT_ENV, free_port, stop, wait_for_file, wait_for_port
 from polar_mitm.sampling import parse_sampling, session_sampling
@@ -101,11 +102,16 @@ def reference_server(model_dir: Path, policy: Path | None, log: Path) -> Iterato
     """`polar serve` on 127.0.0.1 and a free port; yields its base URL."""
     from polar_serve.launch import ServerFailed, reference_server as launch
 
+    watches: list[supervisor.Watch] = []
     try:
-        with launch(model_dir, policy, log_path=log) as url:
+        with launch(model_dir, policy, log_path=log, on_start=lambda pid: watches.append(
+                supervisor.watch_process(pid))) as url:
             yield url
     except ServerFailed as e:
         raise ServiceError(f"reference server: {e}") from e
+    finally:
+        for watch in watches:
+            watch.release()
 
 
 @contextmanager
@@ -121,6 +127,7 @@ def start_proxy(tokenizer: Path, backend: str, capture_dir: Path, confdir: Path,
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", PARENT_ENV: str(os.getpid())}
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+    watch = supervisor.watch_process(proc.pid)  # it also dies with us (die_with_parent): this is for its port
     try:
         try:
             wait_for_port(p1, proc, log, 90.0, host)
@@ -132,6 +139,7 @@ def start_proxy(tokenizer: Path, backend: str, capture_dir: Path, confdir: Path,
         yield ProxyHandle(host, p1, p2, ca, capture_dir, sessions)
     finally:
         stop(proc)
+        watch.release()
 
 
 @contextmanager
@@ -143,6 +151,7 @@ def worker_node(env: dict[str, str], log: Path, concurrency: int, cwd: Path,
            "-c", str(concurrency), "-P", "prefork", "--loglevel", "INFO", "--without-gossip", "--without-mingle"]
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    watch = supervisor.watch_process(proc.pid)  # SIGTERM first: the node stops its own proxy and sandboxes
     try:
         deadline = time.monotonic() + timeout_s
         while " ready." not in log.read_text(errors="replace"):
@@ -159,3 +168,4 @@ def worker_node(env: dict[str, str], log: Path, concurrency: int, cwd: Path,
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(10)
+        watch.release()

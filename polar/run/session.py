@@ -29,6 +29,7 @@ from polar.harness.adapters import AdapterSpec
 from polar.harness.render import Endpoint, Rendered, RunValues, redact, render, write_files
 from polar.run.services import ROOT, ProxyHandle, Session, context_view, new_session, reference_server, start_proxy
 from polar.run.summary import RunSummary, WorkspaceTooLarge, changed_files, snapshot, summarize
+from polar.sandbox import supervisor
 from polar.sandbox.bridge import UnixToTcp
 from polar.sandbox.runtime import ExecResult, Mounts, Sandbox, get_runtime
 from polar_traj.captures import copy_capture
@@ -230,6 +231,7 @@ def _exec_harness(cfg: RunConfig, proxy: ProxyHandle, session: Session, stack: E
     out = cfg.out
     shared, temporary = shared_dir(out)
     if temporary:
+        stack.callback(supervisor.watch_path(shared).release)
         stack.callback(shutil.rmtree, shared, True)
     mounts = Mounts(out / "home", out / "workspace", shared)
     sandbox = get_runtime(cfg.runtime).prepare(mounts)

@@ -24,7 +24,7 @@ import uuid
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from polar.sandbox import bridge
+from polar.sandbox import bridge, supervisor
 from polar.sandbox.identity import Identity, sandbox_identity
 from polar.sandbox.limits import DEFAULT_LIMITS, Limits
 from polar.sandbox.runtime import PROJECT_ROOT, ExecResult, Mounts, SandboxError, _copy, bridged, run_as
@@ -119,6 +119,7 @@ class ApptainerSandbox:
 
         with _quiet_spython():
             Client.instance(self.image, start=False, name=self.name).stop(quiet=True)
+        supervisor.release(watch_key(self.name))
 
 
 def host_env(env: Mapping[str, str]) -> dict[str, str]:
@@ -166,9 +167,13 @@ class ApptainerRuntime:
         from spython.main import Client
 
         options = [*START_OPTIONS, *bind_args(mounts)]
+        # Registered before it starts: the instance is its starter daemon's child, not ours, and a run killed
+        # from here on must not leave it (polar/sandbox/supervisor.py)
+        supervisor.watch_command(watch_key(name), [str(apptainer), "instance", "stop", "-F", name])
         with _quiet_spython() as log:
             started = Client.instance(str(path), name=name, options=options, quiet=True)
         if not getattr(started, "pid", None):
+            supervisor.release(watch_key(name))
             detail = " ".join(log.getvalue().split())[-600:]
             raise SandboxError(f"apptainer runtime: instance of image {path} did not start: {detail}")
         return ApptainerSandbox(mounts, str(path), name, apptainer, self.limits, who)
@@ -178,6 +183,10 @@ class ApptainerRuntime:
         if not (image and instance):
             raise SandboxError("apptainer runtime: no running instance to attach to (the sandbox never started)")
         return ApptainerSandbox(mounts, image, instance, apptainer_bin(), self.limits, _identity())
+
+
+def watch_key(name: str) -> str:
+    return f"apptainer-instance:{name}"
 
 
 def _identity() -> Identity | None:

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from polar.sandbox import bridge
+from polar.sandbox import bridge, supervisor
 from polar.sandbox.build_context import ContextError, caps_from_env, context_digest, missing_image, pull_policy
 from polar.sandbox.apptainer import read_only_binds
 from polar.sandbox.identity import Identity, sandbox_identity
@@ -305,18 +305,19 @@ class DockerSandbox:
         inner = list(argv)
         if forwards:  # the image's own python3 runs the forwarder (bound in read-only)
             inner = bridged(inner, forwards, python="python3", script=str(Path(bridge.__file__).resolve()))
-        fd, env_file = tempfile.mkstemp(prefix="polar-env-")  # 0600, never on a command line, never in the sandbox
+        # The session's environment (its token) in an anonymous memory file the CLI reads as /dev/fd/N: never on
+        # a command line, never in the sandbox, never on disk where a killed run would leave it.
+        fd = os.memfd_create("polar-env", os.MFD_CLOEXEC)
         try:
-            with os.fdopen(fd, "w") as f:
-                f.writelines(f"{k}={v}\n" for k, v in env.items() if "\n" not in v)
+            os.write(fd, "".join(f"{k}={v}\n" for k, v in env.items() if "\n" not in v).encode())
             multiline = [a for k, v in env.items() if "\n" in v for a in ("--env", k)]  # from the CLI's own env
             cmd = [*self.engine.base(), "exec", "--user", f"{self.who.uid}:{self.who.gid}", "--workdir", str(cwd),
-                   "--env-file", env_file, *multiline, self.name, *inner]
+                   "--env-file", f"/dev/fd/{fd}", *multiline, self.name, *inner]
             client_env = {**self.engine.env(), **{k: v for k, v in env.items() if "\n" in v}}
             result = run_as(self.drop_to, self.mounts, cmd, client_env, self.mounts.workspace, timeout_s,
-                            stdout, stderr, None)
+                            stdout, stderr, None, pass_fds=(fd,))
         finally:
-            os.unlink(env_file)
+            os.close(fd)
             reaped = self._reap()
         return ExecResult(result.exit_code, result.timed_out, result.wall_s, reaped)
 
@@ -339,6 +340,7 @@ class DockerSandbox:
         proc = self.engine.run(args, check=False)
         if proc.returncode != 0 and "no such container" not in proc.stderr.lower():
             raise SandboxError(f"docker runtime: could not remove container {self.name}: {proc.stderr.strip()}")
+        supervisor.release(watch_key(self.name))
 
 
 class DockerRuntime:
@@ -356,6 +358,9 @@ class DockerRuntime:
         remove_leftovers(engine)
         ref = image_ref(engine, image)
         name = instance or f"polar-{os.urandom(6).hex()}"
+        # conmon's container, not our child: registered before it starts (polar/sandbox/supervisor.py)
+        supervisor.watch_command(watch_key(name), [*engine.base(), "rm", "-f", *(["-t", "0"] if engine.kind ==
+                                                   "podman" else []), name], engine.env())
         engine.run(["run", "--name", name, *run_args(engine, mounts, who, self.limits, self.cpus), ref, *INIT])
         return DockerSandbox(mounts, name, engine, who, drop_to)
 
@@ -365,6 +370,10 @@ class DockerRuntime:
             raise SandboxError("docker runtime: no running container to attach to (the sandbox never started)")
         who, drop_to = _identity()
         return DockerSandbox(mounts, instance, find_engine(self.engine_choice), who, drop_to)
+
+
+def watch_key(name: str) -> str:
+    return f"container:{name}"
 
 
 def _identity() -> tuple[Identity, Identity | None]:

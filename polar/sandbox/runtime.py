@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Protocol, Sequence
 
-from polar.sandbox import bridge
+from polar.sandbox import bridge, supervisor
 from polar.sandbox.capture import CappedCopy
 from polar.sandbox.identity import Identity, copy_without_privileges, drop_privilege_bits, hand_over, sandbox_identity
 from polar.sandbox.limits import DEFAULT_LIMITS, Limits, make_cgroup, rlimit_wrap
@@ -115,36 +115,41 @@ def writable(mounts: Mounts) -> tuple[Path, ...]:
 
 
 def run_as(who: Identity | None, mounts: Mounts, cmd: Sequence[str], env: Mapping[str, str], cwd: Path,
-           timeout_s: float, stdout: Path, stderr: Path, limits: Limits | None) -> ExecResult:
+           timeout_s: float, stdout: Path, stderr: Path, limits: Limits | None,
+           pass_fds: Sequence[int] = ()) -> ExecResult:
     """run_group for an isolated sandbox whose processes run as `who` (None: as we are): its folders are
     handed to `who` first, and no file in them keeps a setuid/setgid bit afterwards."""
     if who is not None:
         hand_over(writable(mounts), who)
     try:
-        return run_group(cmd, env, cwd, timeout_s, stdout, stderr, limits)
+        return run_group(cmd, env, cwd, timeout_s, stdout, stderr, limits, pass_fds)
     finally:
         drop_privilege_bits(writable(mounts))
 
 
 def run_group(cmd: Sequence[str], env: Mapping[str, str], cwd: Path, timeout_s: float,
-              stdout: Path, stderr: Path, limits: Limits | None = DEFAULT_LIMITS) -> ExecResult:
+              stdout: Path, stderr: Path, limits: Limits | None = DEFAULT_LIMITS,
+              pass_fds: Sequence[int] = ()) -> ExecResult:
     """Run in its own process group (and cgroup, with `limits`); on timeout TERM then KILL the whole group;
     when it ends, kill whatever is left in its cgroup. Its stdout and stderr go to the files, capped
-    (polar/sandbox/capture.py: head and tail kept)."""
+    (polar/sandbox/capture.py: head and tail kept). The group and the cgroup are registered with the run's
+    watchdog (polar/sandbox/supervisor.py) while it runs, so a killed run leaves none of it."""
     start = time.monotonic()
     cgroup = make_cgroup(limits) if limits is not None else None
     if limits is not None:
         cmd = cgroup.wrap(rlimit_wrap(list(cmd), limits, True)) if cgroup else rlimit_wrap(list(cmd), limits)
     copies: list[CappedCopy] = []
+    watches = [supervisor.watch_cgroup(cgroup.dirs)] if cgroup else []
     try:
         files = [open(stdout, "wb"), open(stderr, "wb")]
         try:
             proc = subprocess.Popen(cmd, env=dict(env), cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, start_new_session=True)
+                                    stderr=subprocess.PIPE, start_new_session=True, pass_fds=tuple(pass_fds))
         except BaseException:
             for f in files:
                 f.close()
             raise
+        watches.append(supervisor.watch_group(proc.pid))
         copies = [CappedCopy(proc.stdout, files[0]), CappedCopy(proc.stderr, files[1])]
         timed_out = False
         try:
@@ -159,6 +164,8 @@ def run_group(cmd: Sequence[str], env: Mapping[str, str], cwd: Path, timeout_s: 
         reaped = cgroup.kill_all() if cgroup else 0
         if cgroup:
             cgroup.remove()
+        for watch in watches:
+            watch.release()
         for copy in copies:
             copy.wait()
     return ExecResult(code, timed_out, round(time.monotonic() - start, 3), reaped)
