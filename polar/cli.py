@@ -42,9 +42,9 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         return 130
-    except BrokenPipeError:  # `polar traj stats | head`: the reader left; say nothing, as cat does
+    except BrokenPipeError:  # `polar traj stats | head`: the reader took what it wanted; say nothing
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the flush at exit must not fail again
-        return 141  # 128 + SIGPIPE, what a shell reports for a pipe's writer
+        return 0  # not a failure: `set -o pipefail; polar … | head` succeeds
 
 
 if __name__ == "__main__":

@@ -84,6 +84,8 @@ def _guarded(command: Callable[[argparse.Namespace], int]) -> Callable[[argparse
     def run(args: argparse.Namespace) -> int:
         try:
             return command(args)
+        except BrokenPipeError:  # the reader left (`| head`): polar's entry ends quietly, not a bad input
+            raise
         except (ValueError, OSError) as e:
             message = " ".join(str(e).split())[:400]
             source = getattr(args, "file", None) or args.capture_dir  # pyarrow's errors do not name the file

@@ -39,7 +39,6 @@ class Case:
     argv: tuple[str, ...]  # after `polar`; {tmp} is the case's folder of prepared files
     names: tuple[str, ...]  # each must appear in the message ({tmp} expanded)
     env: dict[str, str] = field(default_factory=dict)
-    closed_stdout: bool = False  # stdout is a pipe whose reader is gone (`polar … | head`)
     program: tuple[str, ...] = ("-m", "polar.cli")  # what `python` runs: the polar CLI unless said otherwise
 
 
@@ -84,6 +83,8 @@ CASES = [
     Case("node-redis-down", ("node", "list", "--broker", DEAD_REDIS), (DEAD_REDIS, "--broker")),
     Case("nodes-redis-down", ("nodes", "--broker", DEAD_REDIS), (DEAD_REDIS, "--broker")),
     Case("batches-redis-down", ("batches", "--broker", DEAD_REDIS), (DEAD_REDIS, "--broker")),
+    Case("api-redis-down", ("api", "--broker", DEAD_REDIS, "--port", str(dead_port())), (DEAD_REDIS, "--broker"),
+         env={"POLAR_API_TOKEN": "t" * 24}),  # once uvicorn's 55-line startup traceback
     Case("status-env-broker-down", ("status",), ("POLAR_BROKER", DEAD_REDIS), env={"POLAR_BROKER": DEAD_REDIS}),
     Case("submit-tasks-missing", ("submit", "{tmp}/nowhere.yaml", "--broker", DEAD_REDIS), ("nowhere.yaml",)),
     Case("submit-group-size-zero", ("submit", TASKS, "--group-size", "0", "--broker", DEAD_REDIS),
@@ -95,7 +96,6 @@ CASES = [
     Case("traj-stats-not-parquet", ("traj", "stats", "{tmp}/bad.yaml"), ("bad.yaml",)),
     Case("traj-export-missing", ("traj", "export", "{tmp}/nowhere.parquet", "--format", "sft", "-o", "{tmp}/o"),
          ("nowhere.parquet",)),
-    Case("traj-stats-closed-stdout", ("traj", "stats", "{tmp}/good.parquet"), (), closed_stdout=True),
     # a worker node's settings (what `celery -A workers worker` imports first)
     Case("worker-engine-without-model-dir", (), ("POLAR_ENGINE_URL", "POLAR_MODEL_DIR"), program=WORKER,
          env={"POLAR_ENGINE_URL": DEAD}),
@@ -144,19 +144,12 @@ def environment(extra: dict[str, str]) -> dict[str, str]:
 def problem(case: Case, tmp: Path) -> str | None:
     """None when the case is clear; else what is wrong with its answer."""
     argv = [sys.executable, *case.program, *(a.replace("{tmp}", str(tmp)) for a in case.argv)]
-    stdout: int = subprocess.PIPE
-    if case.closed_stdout:
-        read_end, stdout = os.pipe()
-        os.close(read_end)
     start = time.monotonic()
     try:
-        r = subprocess.run(argv, stdout=stdout, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+        r = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
                            env=environment(case.env), timeout=CASE_TIMEOUT_S, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
         return f"no answer within {CASE_TIMEOUT_S:g}s"
-    finally:
-        if case.closed_stdout:
-            os.close(stdout)
     took = time.monotonic() - start
     err = r.stderr.strip()
     lines = [line for line in err.splitlines() if line.strip()]
@@ -182,6 +175,23 @@ def files(tmp_path_factory) -> Path:
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_bad_input_is_one_clear_line(case: Case, files: Path) -> None:
     assert problem(case, files) is None
+
+
+def test_a_reader_that_leaves_ends_it_cleanly(files: Path) -> None:
+    """`polar traj stats … | head` once ended `polar traj stats: error: …: [Errno 32] Broken pipe`, exit 2: now
+    nothing on stderr and exit 0, with stdout closed from the start and under `set -o pipefail` with head."""
+    stats = [sys.executable, "-m", "polar.cli", "traj", "stats", str(files / "good.parquet")]
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        r = subprocess.run(stats, stdout=write_end, stderr=subprocess.PIPE, text=True, cwd=ROOT, timeout=CASE_TIMEOUT_S)
+    finally:
+        os.close(write_end)
+    assert (r.returncode, r.stderr) == (0, "")
+    line = " ".join(f"'{a}'" for a in stats)
+    r = subprocess.run(["bash", "-c", f"set -o pipefail; {line} | head -1"], capture_output=True, text=True, cwd=ROOT,
+                       timeout=CASE_TIMEOUT_S)
+    assert (r.returncode, r.stderr, len(r.stdout.splitlines())) == (0, "", 1)
 
 
 def test_version_and_help() -> None:
