@@ -33,6 +33,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=serve)
 
 
+def redis_down(broker: str) -> str | None:
+    """Why the workers' Redis does not answer (None when it does), asked once before the server starts."""
+    import redis
+
+    from workers import batches
+
+    try:
+        batches.connect(broker, retry_s=2.0).ping()
+    except (redis.RedisError, OSError, ValueError) as e:
+        return f"cannot reach the workers' Redis at {broker} ({' '.join(str(e).split())}): start it, or give --broker"
+    return None
+
+
 def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -53,6 +66,9 @@ def serve(args: argparse.Namespace) -> int:
     config = ApiConfig(args.broker, args.out.resolve(), token, args.tasks_root.resolve(), args.sessions, args.host,
                        args.port, args.max_body, args.max_samples, args.heartbeat)
     retry = RetryPolicy(attempts=args.callback_attempts)
+    if (down := redis_down(args.broker)) is not None:  # one line, not uvicorn's startup traceback
+        print(f"polar api: {down}", file=sys.stderr)
+        return 1
     uvicorn.run(create_app(config, retry), host=args.host, port=args.port, log_level="info",
                 timeout_graceful_shutdown=3)
     return 0
