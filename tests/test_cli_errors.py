@@ -73,6 +73,8 @@ CASES = [
     Case("run-task-evaluator-kind", ("run", "--task", "{tmp}/task-bad-evaluator.yaml"), ("evaluator",)),
     Case("run-task-image-missing", ("run", "--task", TASKS, "--task-id", "fix-calc", "--adapter", "pi",
                                     "--policy", POLICY, "--image", "{tmp}/noimage"), ("--image", "{tmp}/noimage")),
+    Case("run-oracle-yaml-task", ("run", "--task", TASKS, "--task-id", "fix-calc", "--oracle"),
+         ("--oracle", "tasks.yaml", "a Harbor task directory")),  # once an impossible tasks.yaml/fix-calc/… path
     Case("run-proxy-half", RUN + ("--proxy", DEAD), ("--proxy-base-url",)),
     # the workers' commands with Redis unreachable
     Case("submit-redis-down", ("submit", TASKS, "--adapter", "pi", "--broker", DEAD_REDIS), (DEAD_REDIS, "--broker")),

@@ -221,7 +221,12 @@ def run_task_oracle(args: argparse.Namespace, task: TaskSpec) -> int:
     from polar.tasks.harbor import solution_of
     from polar.tasks.oracle import run_oracle
 
-    solve = solution_of(args.task, task.task_id, args.tasks_root)  # TaskError: caught by the caller
+    given = Path(args.task)
+    if given.is_file() and given.name != "task.toml":  # it once named tasks.yaml/<id>/solution/solve.sh
+        raise TaskError(f"--oracle: {given} is a tasks file, and its tasks have no solution; --oracle runs the "
+                        "solution/solve.sh of a Harbor task: give a Harbor task directory (task.toml, solution/)")
+    # TaskError: caught by the caller
+    solve = solution_of(given.parent if given.is_file() else given, task.task_id, args.tasks_root)
     _check_image(task.image, "--image" if args.image else f"task {task.task_id}: image")
     out = (args.out or Path("runs") / f"{task.task_id}-oracle-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     if out.exists():
