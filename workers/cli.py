@@ -8,6 +8,7 @@ import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any, Callable, TextIO
 
 from polar_mitm.sampling import add_sampling_args, sampling_from_args
 from workers.settings import DEFAULT_BROKER, sessions_url
@@ -23,8 +24,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tasks-root", type=Path, help="where the tasks' workspaces, tests and Harbor folders may lie "
                                                    "(default: POLAR_TASKS_ROOT, else the task file's folder and the "
                                                    "current directory; docs/tasks.md)")
-    p.add_argument("--out", type=Path, default=Path(os.environ.get("POLAR_OUTPUT_ROOT", "runs/batches")),
-                   help="output root on storage every node sees (the batch gets OUT/<batch_id>)")
+    p.add_argument("--out", type=Path,
+                   help="output root on storage every node sees (the batch gets OUT/<batch_id>); default: the "
+                        "POLAR_OUTPUT_ROOT the live nodes announce, else $POLAR_OUTPUT_ROOT or runs/batches")
     p.add_argument("--max-staleness", type=int, help="mark trajectories whose calls span more weight versions")
     p.add_argument("--strategy", choices=["prefix_merge", "per_request"], default="prefix_merge",
                    help="trajectories per sample: one row per append-only chain (prefix_merge) or per LLM call")
@@ -123,14 +125,15 @@ def submit(args: argparse.Namespace) -> int:
         return 2
     try:
         client = _client(args)
-        batch = client.submit(args.tasks, args.group_size, args.min_groups, args.adapter, args.out,
+        out, where = output_root(args.out, client.nodes())
+        batch = client.submit(args.tasks, args.group_size, args.min_groups, args.adapter, out,
                               args.max_staleness, sampling=sampling, strategy=args.strategy,
                               tasks_root=args.tasks_root)
     except (ValueError, OSError, KeyError) as e:
         print(f"polar submit: {e}", file=sys.stderr)
         return 2
     print(f"batch {batch.batch_id}: {len(batch.manifest.samples)} samples in {len(batch.manifest.groups)} groups, "
-          f"folder {batch.dir}")
+          f"folder {batch.dir} ({where})")
     if not args.wait:
         return 0
     try:
@@ -143,6 +146,22 @@ def submit(args: argparse.Namespace) -> int:
         print(f"polar submit: {problem}", file=sys.stderr)
         return 1
     return 0 if p.status == "completed" else 1
+
+
+def output_root(given: Path | None, nodes: list) -> tuple[Path, str]:
+    """Where a batch's folder goes, and why there: --out; else the output root the live nodes announce (they
+    write the results; the client's own ./runs/batches is another folder on another machine); else
+    $POLAR_OUTPUT_ROOT or runs/batches. ValueError when live nodes disagree."""
+    if given is not None:
+        return given, "--out"
+    roots = sorted({n.output_root for n in nodes if n.output_root and n.state in ("alive", "draining")})
+    if len(roots) > 1:
+        raise ValueError(f"the live nodes write to different output roots ({', '.join(roots)}): give --out")
+    if roots:
+        return Path(roots[0]), "the nodes' POLAR_OUTPUT_ROOT"
+    env = os.environ.get("POLAR_OUTPUT_ROOT")
+    return Path(env or "runs/batches"), ("$POLAR_OUTPUT_ROOT" if env else "no live node announced its output "
+                                         "root: the default runs/batches; give --out the nodes' POLAR_OUTPUT_ROOT")
 
 
 def wait_verdict(batch, p, max_masked: int = 0) -> str | None:
@@ -160,11 +179,15 @@ def wait_verdict(batch, p, max_masked: int = 0) -> str | None:
     return f"{p.masked} of {p.total} samples masked (allowed {max_masked}): {top or 'reasons not recorded'}"
 
 
-def follow(batch, timeout: float | None):
-    """A live progress bar until the batch settles."""
+def follow(batch, timeout: float | None, stream: TextIO | None = None):
+    """A live progress bar until the batch settles; into a log or a pipe (not a terminal), one line each time the
+    counts change instead of a bar's redraws (a `make demo` log was 65 KB of them)."""
+    stream = stream or sys.stderr
+    if not stream.isatty():
+        return batch.wait(timeout, on_progress=progress_lines(stream))
     from tqdm import tqdm
 
-    with tqdm(total=len(batch.manifest.samples), unit="sample", dynamic_ncols=True) as bar:
+    with tqdm(total=len(batch.manifest.samples), unit="sample", dynamic_ncols=True, file=stream) as bar:
         def draw(p) -> None:
             bar.n = p.done + p.masked + p.cancelled
             bar.set_postfix_str(f"running {p.running} failed {p.masked} reward "
@@ -172,6 +195,19 @@ def follow(batch, timeout: float | None):
             bar.refresh()
 
         return batch.wait(timeout, on_progress=draw)
+
+
+def progress_lines(stream: TextIO) -> Callable[[Any], None]:
+    """An on_progress that prints the batch's progress line when it differs from the last one printed."""
+    last: list[str] = []
+
+    def show(p) -> None:
+        line = p.line()
+        if last != [line]:
+            last[:] = [line]
+            print(f"progress: {line}", file=stream, flush=True)
+
+    return show
 
 
 def summary(batch, p) -> str:

@@ -68,7 +68,8 @@ class Heartbeat:
         deadline = liveness.drain_deadline(self.r, self.node)
         held = self.prune()
         fields = {"state": liveness.DRAINING if deadline else liveness.ALIVE, "pid": os.getpid(),
-                  "started_at": self.started_at, "load": len(held), "in_flight": [s for _, s in held]}
+                  "started_at": self.started_at, "load": len(held), "in_flight": [s for _, s in held],
+                  "output_root": str(self.settings.output_root)}  # `polar submit` without --out writes there
         if not liveness.beat(self.r, self.node, self.settings.liveness_s, fields) and self.connected_since:
             log.warning("polar node %s: its heartbeat had lapsed; samples reassigned meanwhile are discarded here",
                         self.node)

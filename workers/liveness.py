@@ -3,7 +3,7 @@ and the CLI alike.
 
 Keys, all under `polar:node:<node>` (and the set `polar:nodes` of every node that ever beat):
   (string, TTL the node's liveness timeout)  its heartbeat: JSON {node, hostname, pid, state, beat_at, started_at,
-                   load, in_flight}; refreshed every heartbeat interval, gone when the node is lost (or left)
+                   load, in_flight, output_root}; refreshed every heartbeat interval, gone when the node is lost (or left)
   :samples (set)   "<batch_id> <sample_id>" of the samples it holds (prepared there: their stages run there)
   :groups (set)    "<batch_id> <group_id>" of the groups whose advantages it is writing
   :drain           the unix time by which a drained node hands over what is still running
@@ -34,6 +34,7 @@ class NodeStatus:
     beat_at: float | None
     load: int
     in_flight: tuple[str, ...]  # sample ids
+    output_root: str | None = None  # where the node writes batch folders (POLAR_OUTPUT_ROOT), while it beats
 
     def line(self) -> str:
         ago = "-" if self.beat_at is None else f"{time.time() - self.beat_at:.0f}s ago"
@@ -117,8 +118,9 @@ def nodes(r: redis.Redis) -> list[NodeStatus]:
         raw = r.get(key(name))
         if raw:
             beat_ = json.loads(raw)
-            found.append(NodeStatus(name, beat_.get("state", ALIVE), beat_.get("beat_at"), int(beat_.get("load", 0)),
-                                    tuple(beat_.get("in_flight", ()))))
+            state = DRAINING if r.exists(key(name, "drain")) else beat_.get("state", ALIVE)
+            found.append(NodeStatus(name, state, beat_.get("beat_at"), int(beat_.get("load", 0)),
+                                    tuple(beat_.get("in_flight", ())), beat_.get("output_root")))
         else:
             held_ = tuple(s for _, s in held(r, name))
             state = STOPPED if r.exists(key(name, "left")) and not held_ else LOST

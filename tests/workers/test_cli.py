@@ -113,3 +113,58 @@ def test_wait_verdict_names_masked_reasons_and_cancels():
     assert wait_verdict(batch, progress(4), max_masked=4) is None
     assert wait_verdict(batch, progress(0)) is None
     assert wait_verdict(batch, progress(0, "cancelled", 2)) == "batch b1 was cancelled (2 samples did not finish)"
+
+
+def test_progress_into_a_log_is_one_line_per_change():
+    """`polar submit --wait` (and `make demo`) into a file or pipe: no bar redraws (`\\r`), one line each time
+    the counts change (a demo log was 65 KB of redraws)."""
+    import io
+
+    from polar.progress import Progress
+    from workers.cli import follow
+
+    def progress(done: int, running: int, status: str = "running") -> Progress:
+        return Progress(4, 4 - done - running, running, done, 0, 0, done // 2, 2, None if not done else 1.0, status, {})
+
+    polls = [progress(0, 0), progress(0, 2), progress(0, 2), progress(0, 2), progress(2, 2), progress(4, 0, "completed")]
+
+    class Batch:
+        manifest = type("M", (), {"samples": [1, 2, 3, 4]})()
+
+        def wait(self, timeout, on_progress):
+            for p in polls:
+                on_progress(p)
+            return polls[-1]
+
+    log = io.StringIO()
+    assert follow(Batch(), None, log) is polls[-1]
+    lines = log.getvalue().splitlines()
+    assert "\r" not in log.getvalue() and len(lines) == 4  # six polls, four distinct states
+    assert lines[-1] == f"progress: {polls[-1].line()}"
+
+
+def test_submit_without_out_writes_where_the_nodes_do(tmp_path: Path, redis_base: str, capsys, monkeypatch):
+    """No --out: the output root the live nodes announce in their heartbeat, not the client's ./runs/batches
+    (a folder on another machine, or one no node writes to); said on the batch line."""
+    from workers import batches, liveness
+    from workers.cli import output_root
+
+    monkeypatch.delenv("POLAR_OUTPUT_ROOT", raising=False)
+    monkeypatch.chdir(tmp_path)
+    r = batches.connect(redis_base + "/5")
+    r.flushdb()
+    shared = tmp_path / "shared"
+    liveness.beat(r, "w1", 30, {"state": "alive", "load": 0, "in_flight": [], "output_root": str(shared)})
+    tasks = tmp_path / "tasks.yaml"
+    tasks.write_text(yaml.safe_dump({"tasks": [{"task_id": "a", "instruction": "x", "adapter": "pi", "image": "host",
+                                                "evaluator": {"command": "true"}, "submit": []}]}))
+    assert main(["submit", str(tasks), "--group-size", "1", "--broker", redis_base + "/5"]) == 0
+    line = capsys.readouterr().out
+    assert f"folder {shared}/" in line and "(the nodes' POLAR_OUTPUT_ROOT)" in line, line
+    assert not (tmp_path / "runs").exists() and len(list(shared.iterdir())) == 1
+    two = [liveness.NodeStatus("a", "alive", 1.0, 0, (), "/x"), liveness.NodeStatus("b", "alive", 1.0, 0, (), "/y")]
+    with pytest.raises(ValueError, match=r"different output roots \(/x, /y\): give --out"):
+        output_root(None, two)
+    assert output_root(Path("/mine"), two) == (Path("/mine"), "--out")
+    out, where = output_root(None, [])
+    assert out == Path("runs/batches") and "give --out the nodes' POLAR_OUTPUT_ROOT" in where
