@@ -24,7 +24,7 @@ import uuid
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from polar.sandbox import bridge, supervisor
+from polar.sandbox import bridge, seccomp, supervisor
 from polar.sandbox.identity import Identity, sandbox_identity
 from polar.sandbox.limits import DEFAULT_LIMITS, Limits
 from polar.sandbox.runtime import PROJECT_ROOT, ExecResult, Mounts, SandboxError, _copy, bridged, run_as
@@ -102,6 +102,8 @@ class ApptainerSandbox:
         if "HOME" in env:  # apptainer sets HOME itself (APPTAINERENV_HOME is ignored)
             inner = ["env", f"HOME={env['HOME']}", *inner]
         security = ["--security", f"uid:{self.who.uid},gid:{self.who.gid}"] if self.who else []
+        if os.geteuid() == 0:  # Apptainer applies a seccomp profile for root only (polar/sandbox/seccomp.py)
+            security += ["--security", f"seccomp:{seccomp.profile_file(apptainer=True)}"]
         cmd = [str(self.apptainer), "-s", "exec", "--cleanenv", *security, "--pwd", str(cwd),
                f"instance://{self.name}", *inner]
         return run_as(self.who, self.mounts, cmd, host_env(env), self.mounts.workspace, timeout_s, stdout, stderr,

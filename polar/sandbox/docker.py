@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from polar.sandbox import bridge, supervisor
+from polar.sandbox import bridge, seccomp, supervisor
 from polar.sandbox.build_context import ContextError, caps_from_env, context_digest, missing_image, pull_policy
 from polar.sandbox.apptainer import read_only_binds
 from polar.sandbox.identity import Identity, sandbox_identity
@@ -255,6 +255,9 @@ def run_args(engine: Engine, mounts: Mounts, who: Identity, limits: Limits, cpus
             "--ulimit", f"fsize={limits.file_bytes}:{limits.file_bytes}", "--ulimit", "core=0:0"]
     if engine.kind == "podman":
         args += ["--read-only-tmpfs=false"]  # podman adds writable /run, /var/tmp otherwise
+        # its default profile allows new user namespaces: that allowlist less ours (polar/sandbox/seccomp.py);
+        # docker's default refuses them already (no CAP_SYS_ADMIN), so docker keeps its own
+        args += ["--security-opt", f"seccomp={seccomp.profile_file()}"]
         if os.geteuid() != 0:
             args += ["--userns", "keep-id"]
     for d in (mounts.home, mounts.workspace, mounts.shared):

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Protocol, Sequence
 
-from polar.sandbox import bridge, supervisor
+from polar.sandbox import bridge, seccomp, supervisor
 from polar.sandbox.capture import CappedCopy
 from polar.sandbox.identity import Identity, copy_without_privileges, drop_privilege_bits, hand_over, sandbox_identity
 from polar.sandbox.limits import DEFAULT_LIMITS, Limits, make_cgroup, rlimit_wrap
@@ -319,8 +319,8 @@ class BwrapSandbox(_HostSandbox):
     def identity_args(self) -> list[str]:
         """Unprivileged: a user namespace of ours, no capability. Root: no user namespace (it would map to the
         host's uid 0); the first process keeps only what it needs to drop to `who`, then has none."""
-        if self.who is None:
-            return ["--unshare-user", "--cap-drop", "ALL"]
+        if self.who is None:  # and no user namespace of its own inside ours (seccomp refuses it for root's too)
+            return ["--unshare-user", "--disable-userns", "--cap-drop", "ALL"]
         return ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
 
     def command(self, cwd: Path) -> list[str]:
@@ -350,8 +350,14 @@ class BwrapSandbox(_HostSandbox):
     def exec(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path, timeout_s: float,
              stdout: Path, stderr: Path, forwards: Sequence[tuple[int, Path]] = ()) -> ExecResult:
         inner = bridged(argv, forwards, self.python, BRIDGE_IN_SANDBOX)
-        return run_as(self.who, self.mounts, self.command(cwd) + inner, env, cwd, timeout_s, stdout, stderr,
-                      self.limits)
+        fd = seccomp.program_fd()  # polar/sandbox/seccomp.py: loaded by bwrap just before the command runs
+        try:
+            cmd = self.command(cwd)
+            cmd[1:1] = ["--seccomp", str(fd)]
+            return run_as(self.who, self.mounts, cmd + inner, env, cwd, timeout_s, stdout, stderr, self.limits,
+                          pass_fds=(fd,))
+        finally:
+            os.close(fd)
 
 
 class BwrapRuntime:
