@@ -64,15 +64,17 @@ async def read_async(r, after: str, block_ms: int = 1000, count: int = 500) -> l
     return parse(found[0][1]) if found else []
 
 
-def async_client(sync: redis.Redis):
-    """A redis.asyncio client to the same server and db as `sync` (TCP or unix socket)."""
+def async_client(sync: redis.Redis, single: bool = False):
+    """A redis.asyncio client to the same server and db as `sync` (TCP or unix socket); `single`: one connection
+    for all its commands (made on first use, taken in turn), never a pool that grows with its callers."""
     import redis.asyncio
 
     kw = sync.connection_pool.connection_kwargs
     common = {k: kw[k] for k in ("db", "username", "password") if kw.get(k) is not None}
     if kw.get("path"):
-        return redis.asyncio.Redis(unix_socket_path=kw["path"], **common)
-    return redis.asyncio.Redis(host=kw.get("host", "127.0.0.1"), port=kw.get("port", 6379), **common)
+        return redis.asyncio.Redis(unix_socket_path=kw["path"], single_connection_client=single, **common)
+    return redis.asyncio.Redis(host=kw.get("host", "127.0.0.1"), port=kw.get("port", 6379),
+                               single_connection_client=single, **common)
 
 
 def history(r: redis.Redis, after: str = "-", count: int = 10_000) -> list[Event]:

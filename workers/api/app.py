@@ -1,17 +1,18 @@
 """The routes of `polar api` (docs/api.md). Every route but /health needs the bearer token (`Authorization:
-Bearer <POLAR_API_TOKEN>`; a browser may pass `?token=` once, which sets a cookie for the dashboard's own
-requests); bodies over `max_body` bytes are refused with 413 before they are read whole."""
+Bearer <POLAR_API_TOKEN>`; a browser may open the dashboard page as `/?token=` once, which sets a cookie for the
+dashboard's own requests); a token of any bytes that is not the token is a 401; bodies over `max_body` bytes are
+refused with 413 before they are read whole. The access log never shows a query string (it may hold the token)."""
 from __future__ import annotations
 
-import asyncio
 import hmac
-import json
+import logging
 import re
 import socket
 import time
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, AsyncIterator
+from urllib.parse import unquote_to_bytes
 
 import redis
 from fastapi import FastAPI, Request, Response
@@ -24,16 +25,54 @@ from workers import events
 from workers.api import metrics
 from workers.api.callbacks import Finisher, RetryPolicy
 from workers.api.models import BadRequest, PolicyPause, ShortTask, TaskRequest, from_short, from_task_request
-from workers.api.service import ApiConfig, NotFound, Service, file_chunks
+from workers.api.service import ApiConfig, NotFound, Service, file_chunks, printable
+from workers.api.streams import Hub, Subscriber, sse
 from workers.settings import sessions_url
 
 STATIC = Path(__file__).parent / "static"
 OPEN_PATHS = ("/health",)
-COOKIE = "polar_token"
+TOKEN_QUERY_PATHS = ("/",)  # only the dashboard page takes ?token= (a browser's first visit), no API route
+COOKIE = b"polar_token"
 
 
-def _json_error(status: int, message: str, **extra: Any) -> JSONResponse:
-    return JSONResponse({"error": message, **extra}, status_code=status)
+class Json(JSONResponse):
+    """JSON that always encodes: a string with a lone surrogate (an agent's file name that is not UTF-8, read
+    back from a result) goes out with that byte as a printable backslash escape instead of failing the answer."""
+
+    def render(self, content: Any) -> bytes:
+        try:
+            return super().render(content)
+        except UnicodeEncodeError:
+            return super().render(printable(content))
+
+
+def _json_error(status: int, message: str, headers: dict[str, str] | None = None, **extra: Any) -> JSONResponse:
+    return Json({"error": message, **extra}, status_code=status, headers=headers)
+
+
+class RedactQuery(logging.Filter):
+    """uvicorn's access log line without the query string (`?token=` would put the secret in the log)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if isinstance(args, tuple) and len(args) >= 3 and isinstance(args[2], str) and "?" in args[2]:
+            record.args = (*args[:2], args[2].split("?", 1)[0] + "?<redacted>", *args[3:])
+        return True
+
+
+def _redact_access_log() -> None:
+    access = logging.getLogger("uvicorn.access")
+    if not any(isinstance(f, RedactQuery) for f in access.filters):
+        access.addFilter(RedactQuery())
+
+
+def _query_token(query_string: bytes) -> bytes:
+    """`token` of a raw query string, percent-decoded to bytes (any bytes: never a decoding error)."""
+    for part in query_string.split(b"&"):
+        name, _, value = part.partition(b"=")
+        if name == b"token":
+            return unquote_to_bytes(value.replace(b"+", b" "))
+    return b""
 
 
 class Guard:
@@ -43,20 +82,26 @@ class Guard:
         self.app, self.token, self.max_body = app, token, max_body
 
     def authorized(self, scope: dict) -> tuple[bool, bool]:
-        """(authorized, came as ?token= so set the cookie)."""
-        headers = {k.decode().lower(): v.decode() for k, v in scope.get("headers", [])}
-        given = headers.get("authorization", "")
-        if given.startswith("Bearer ") and hmac.compare_digest(given[7:], self.token):
-            return True, False
-        for part in headers.get("cookie", "").split(";"):
-            name, _, value = part.strip().partition("=")
-            if name == COOKIE and hmac.compare_digest(value, self.token):
-                return True, False
-        from urllib.parse import parse_qs
+        """(authorized, came as ?token= so set the cookie). Raw bytes throughout: a header, cookie or query of
+        any bytes (not ASCII, not UTF-8) is simply not the token."""
+        token = self.token.encode()
 
-        query = parse_qs(scope.get("query_string", b"").decode()).get("token", [""])[0]
-        ok = bool(query) and hmac.compare_digest(query, self.token)
-        return ok, ok
+        def same(given: bytes) -> bool:
+            return bool(given) and hmac.compare_digest(given, token)
+
+        headers: dict[bytes, bytes] = {}
+        for k, v in scope.get("headers", []):
+            headers[k.lower()] = headers[k.lower()] + b"; " + v if k.lower() in headers else v
+        given = headers.get(b"authorization", b"")
+        if given[:7].lower() == b"bearer " and same(given[7:].strip()):
+            return True, False
+        for part in headers.get(b"cookie", b"").split(b";"):
+            name, _, value = part.strip().partition(b"=")
+            if name == COOKIE and same(value):
+                return True, False
+        if scope["path"] in TOKEN_QUERY_PATHS and same(_query_token(scope.get("query_string", b""))):
+            return True, True
+        return False, False
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
@@ -67,6 +112,8 @@ class Guard:
             answer.headers["www-authenticate"] = "Bearer"
             return await answer(scope, receive, send)
         length = dict(scope.get("headers", [])).get(b"content-length")
+        if length is not None and not length.strip().isdigit():
+            return await _json_error(400, "content-length: not a number of bytes")(scope, receive, send)
         if length is not None and int(length) > self.max_body:
             return await _json_error(413, f"body of {int(length)} bytes; the limit is {self.max_body}")(
                 scope, receive, send)
@@ -83,7 +130,7 @@ class Guard:
         async def send_cookie(message: dict) -> None:
             if set_cookie and message["type"] == "http.response.start":
                 message["headers"] = [*message.get("headers", []), (
-                    b"set-cookie", f"{COOKIE}={self.token}; HttpOnly; SameSite=Strict; Path=/".encode())]
+                    b"set-cookie", COOKIE + f"={self.token}; HttpOnly; SameSite=Strict; Path=/".encode())]
             await send(message)
 
         await self.app(scope, counted, send_cookie)
@@ -105,18 +152,27 @@ class JsonBodies:
 
 def create_app(config: ApiConfig, retry: RetryPolicy = RetryPolicy()) -> FastAPI:
     service = Service(config)
-    finisher = Finisher(service.r, f"{socket.gethostname()}-{config.port}-{time.time_ns()}", retry)
+    finisher = Finisher(service.r, f"{socket.gethostname()}-{config.port}-{time.time_ns()}", retry,
+                        service.callbacks)
+    hub: Hub | None = None
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        nonlocal hub
+        _redact_access_log()  # here: uvicorn has configured its loggers by now
         finisher.start()
-        service.ar = events.async_client(service.r)  # made on the server's own event loop
+        # Two connections for every /events client of this process, made on the server's own event loop.
+        hub = Hub(events.async_client(service.r, single=True), events.async_client(service.r, single=True),
+                  service.pulse, config.heartbeat_s, config.max_streams)
+        await hub.start()
+        app.state.hub = hub
         yield
         finisher.stop()
-        await service.ar.aclose()
+        await hub.stop()
 
     # No /docs: Swagger UI loads its scripts from a CDN; the schema is at /openapi.json.
-    app = FastAPI(title="Polar rollout service", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app = FastAPI(title="Polar rollout service", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  default_response_class=Json)
     app.state.service = service
     app.add_middleware(JsonBodies)
     app.add_middleware(Guard, token=config.token, max_body=config.max_body)
@@ -215,23 +271,27 @@ def create_app(config: ApiConfig, retry: RetryPolicy = RetryPolicy()) -> FastAPI
         """The batch's `polar report` page, drawn now from its folder."""
         from polar.report.cli import render_report
 
-        return HTMLResponse(render_report(service.trajectories_folder(batch_id).parent))
+        return HTMLResponse(printable(render_report(service.trajectories_folder(batch_id).parent)))
 
     @app.get("/metrics")
     def prometheus() -> PlainTextResponse:
-        return PlainTextResponse(metrics.render(service.r, service.client.is_paused()),
+        streams = len(hub.subscribers) if hub else 0
+        return PlainTextResponse(metrics.render(service.r, service.client.is_paused(), streams=streams),
                                  media_type="text/plain; version=0.0.4")
 
     @app.get("/events")
     async def event_stream(request: Request, batch: str | None = None, after: str | None = None) -> Response:
         """From the `Last-Event-ID` header (a reconnecting client), else `?after=` (the dashboard's snapshot
         position), else from now."""
-        after = request.headers.get("last-event-id") or after or await asyncio.to_thread(events.last_id, service.r)
+        assert hub is not None
+        after = request.headers.get("last-event-id") or after or await hub.last_id()
         if not re.fullmatch(r"\d+-\d+", after):
             return _json_error(422, f"after: {after!r} is not a stream id (MILLISECONDS-SEQUENCE)", field="after")
-        return StreamingResponse(_sse(request, service, after, batch, config.heartbeat_s),
-                                 media_type="text/event-stream",
-                                 headers={"cache-control": "no-store", "x-accel-buffering": "no"})
+        sub = hub.open()
+        if sub is None:
+            return _json_error(429, f"{config.max_streams} event streams are open, the most this server takes "
+                                    f"(polar api --max-streams); try again later", headers={"retry-after": "5"})
+        return EventStream(hub, sub, sse(hub, sub, after, batch))
 
     @app.get("/")
     def dashboard() -> FileResponse:
@@ -240,23 +300,18 @@ def create_app(config: ApiConfig, retry: RetryPolicy = RetryPolicy()) -> FastAPI
     return app
 
 
-def _frame(kind: str, data: dict[str, Any], event_id: str | None = None) -> bytes:
-    head = f"id: {event_id}\n" if event_id else ""
-    return f"{head}event: {kind}\ndata: {json.dumps(data)}\n\n".encode()
 
+class EventStream(StreamingResponse):
+    """An SSE answer that gives its Hub slot back however it ends (the client gone, cut off, the server
+    stopping), even if its body never started."""
 
-async def _sse(request: Request, service: Service, after: str, batch: str | None,
-               heartbeat_s: float) -> AsyncIterator[bytes]:
-    """`hello` first (the stream position it starts after), then every event after it, in stream order, and a
-    `heartbeat` (fence state, nodes) every `heartbeat_s` seconds."""
-    yield _frame("hello", {"after": after})
-    beat = time.monotonic()
-    while not await request.is_disconnected():
-        found = await events.read_async(service.ar, after, int(min(heartbeat_s, 1.0) * 1000))
-        for ev in found:
-            after = ev.id
-            if batch is None or ev.data.get("batch_id") in (None, batch):
-                yield _frame(ev.kind, ev.to_dict(), ev.id)
-        if time.monotonic() - beat >= heartbeat_s:
-            beat = time.monotonic()
-            yield _frame("heartbeat", await asyncio.to_thread(service.pulse))
+    def __init__(self, hub: Hub, sub: Subscriber, body: AsyncIterator[bytes]) -> None:
+        super().__init__(body, media_type="text/event-stream",
+                         headers={"cache-control": "no-store", "x-accel-buffering": "no"})
+        self.hub, self.sub = hub, sub
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.hub.close(self.sub)

@@ -1,14 +1,17 @@
 """Callbacks: each finished sample, and each finished group with its advantages, POSTed as JSON to the batch's
-`callback_url`, signed, retried with backoff; a callback that keeps failing is recorded in the batch's status
-and never holds the batch up.
+`callback_url`, signed, retried with backoff; every delivery that fails is recorded in the batch's status and
+as a `callback` event, and never holds the batch up.
 
 Where it runs: in `polar api`, a thread reading the event stream (workers/events.py) as one consumer of the Redis
 consumer group `polar-api`, so that behind a load balancer each event is handled by one server. Deliveries run
 on a small thread pool beside it, so a slow trainer delays nobody else. Events that arrive while no `polar api`
-runs wait in the stream (up to events.MAXLEN) and are delivered when one starts.
+runs wait in the stream (up to events.MAXLEN) and are delivered when one starts. Each delivery goes only where
+the callback policy allows (callback_policy.py), to the address it resolved, and follows no redirect.
 
-Signature: header `X-Polar-Signature: sha256=<hex HMAC-SHA256 of the raw body, keyed with the batch's secret>`
-(the secret is in the submit response); `X-Polar-Event: sample|group`; `X-Polar-Delivery: <event id>`.
+Signature: `X-Polar-Timestamp: <unix seconds>`, `X-Polar-Batch: <batch id>`, `X-Polar-Signature: sha256=<hex
+HMAC-SHA256 of "<timestamp>.<batch id>." + raw body, keyed with the batch's secret>` (the secret is in the submit
+response); `X-Polar-Event: sample|group`; `X-Polar-Delivery: <event id>` (also the body's `delivery`). A receiver
+checks it with `verify` below, which refuses a timestamp outside the replay window (REPLAY_WINDOW_S).
 """
 from __future__ import annotations
 
@@ -21,17 +24,20 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import httpx
 import redis
 
 from workers import batches, events
+from workers.api.callback_policy import CallbackPolicy, CallbackRefused, Target, redact
 from workers.manifest import read_manifest, result_path
 
 GROUP = "polar-api"
 API_PREFIX = "polar:api:batch:"
 COUNTERS = "polar:api:counters"  # calls, prompt_tokens, response_tokens, samples_finished, callbacks_*
+REPLAY_WINDOW_S = 300  # a receiver refuses a delivery signed longer ago (or further ahead) than this
+FAILURES_KEPT = 50  # per batch, newest first
 log = logging.getLogger(__name__)
 
 
@@ -43,13 +49,29 @@ class RetryPolicy:
     timeout_s: float = 10.0
 
 
-def sign(secret: str, body: bytes) -> str:
-    return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+@dataclass(frozen=True)
+class Outcome:
+    """How one delivery ended: `error` is None when a 2xx came back."""
+
+    attempts: int
+    error: str | None = None
 
 
-def verify(secret: str, body: bytes, signature: str | None) -> bool:
-    """What a trainer does with a callback: recompute the HMAC of the raw body and compare in constant time."""
-    return bool(signature) and hmac.compare_digest(sign(secret, body), signature)
+def signature(secret: str, timestamp: str, batch_id: str, body: bytes) -> str:
+    signed = f"{timestamp}.{batch_id}.".encode() + body
+    return "sha256=" + hmac.new(secret.encode(), signed, hashlib.sha256).hexdigest()
+
+
+def verify(secret: str, headers: Mapping[str, str], body: bytes, window_s: float = REPLAY_WINDOW_S,
+           now: float | None = None) -> bool:
+    """What a trainer does with a callback (docs/api.md has the same check to copy): the timestamp inside the
+    replay window, then the HMAC of timestamp, batch id and raw body compared in constant time."""
+    h = {k.lower(): v for k, v in headers.items()}
+    timestamp, batch_id = h.get("x-polar-timestamp", ""), h.get("x-polar-batch", "")
+    if not timestamp.isdigit() or abs((time.time() if now is None else now) - int(timestamp)) > window_s:
+        return False
+    expected = signature(secret, timestamp, batch_id, body).encode()
+    return hmac.compare_digest(expected, h.get("x-polar-signature", "").encode("utf-8", "replace"))
 
 
 def batch_meta(r: redis.Redis, batch_id: str) -> dict[str, str]:
@@ -58,28 +80,60 @@ def batch_meta(r: redis.Redis, batch_id: str) -> dict[str, str]:
 
 def callback_status(r: redis.Redis, batch_id: str) -> dict[str, Any]:
     raw = {k.decode(): v.decode() for k, v in r.hgetall(API_PREFIX + batch_id + ":callbacks").items()}
+    failures = [json.loads(f) for f in r.lrange(API_PREFIX + batch_id + ":callback_failures", 0, -1)]
     return {"delivered": int(raw.get("delivered", 0)), "failed": int(raw.get("failed", 0)),
-            "last_error": raw.get("last_error")}
+            "retried": int(raw.get("retried", 0)), "last_error": raw.get("last_error"), "failures": failures}
 
 
-def deliver(client: httpx.Client, url: str, secret: str, kind: str, delivery: str, payload: dict[str, Any],
-            policy: RetryPolicy) -> str | None:
-    """POST the payload until a 2xx answer; None when delivered, else the last failure."""
-    body = json.dumps(payload, sort_keys=True).encode()
-    headers = {"content-type": "application/json", "x-polar-signature": sign(secret, body),
-               "x-polar-event": kind, "x-polar-delivery": delivery}
-    error = "no attempt"
-    for attempt in range(policy.attempts):
-        if attempt:
-            time.sleep(min(policy.cap_s, policy.base_s * 2 ** (attempt - 1)))
+def _post(client: httpx.Client, target: Target, headers: dict[str, str], body: bytes,
+          timeout_s: float) -> httpx.Response:
+    """POST to the address the policy resolved, with the URL's own Host and TLS name: no second lookup."""
+    url = httpx.URL(target.url)
+    pinned = url.copy_with(host=target.address)
+    extensions = {"sni_hostname": target.host} if target.scheme == "https" else {}
+    return client.post(pinned, content=body, headers={**headers, "host": url.netloc.decode("ascii")},
+                       timeout=timeout_s, extensions=extensions)
+
+
+def _attempt(client: httpx.Client, target: Target, headers: dict[str, str], body: bytes,
+             timeout_s: float) -> tuple[str | None, bool]:
+    """(error or None, whether trying again could help)."""
+    try:
+        answer = _post(client, target, headers, body, timeout_s)
+    except httpx.HTTPError as e:
+        return f"{type(e).__name__}: {e}", True
+    if 200 <= answer.status_code < 300:
+        return None, False
+    if answer.is_redirect:  # never followed: a redirect could lead anywhere the policy refuses
+        where = redact(answer.headers.get("location", ""))
+        return f"HTTP {answer.status_code} redirect to {where!r}, not followed (answer 2xx at the URL itself)", False
+    return f"HTTP {answer.status_code}", True
+
+
+def deliver(client: httpx.Client, policy: CallbackPolicy, url: str, secret: str, batch_id: str, kind: str,
+            delivery: str, payload: dict[str, Any], retry: RetryPolicy) -> Outcome:
+    """POST the payload until a 2xx answer, signing each attempt afresh (its own timestamp)."""
+    body = json.dumps({**payload, "delivery": delivery}, sort_keys=True).encode()
+    error, attempts = "no attempt", 0
+    for attempts in range(1, retry.attempts + 1):
+        if attempts > 1:
+            time.sleep(min(retry.cap_s, retry.base_s * 2 ** (attempts - 2)))
         try:
-            answer = client.post(url, content=body, headers=headers, timeout=policy.timeout_s)
-            if 200 <= answer.status_code < 300:
-                return None
-            error = f"HTTP {answer.status_code}"
-        except httpx.HTTPError as e:
-            error = f"{type(e).__name__}: {e}"
-    return f"{kind} {payload.get('sample_id') or payload.get('group_id')}: {error} after {policy.attempts} attempts"
+            target = policy.check(url)  # resolved once per attempt; the connection goes to that address
+        except CallbackRefused as e:
+            error = f"refused by the callback policy: {e}"
+            break
+        timestamp = str(int(time.time()))
+        headers = {"content-type": "application/json", "x-polar-event": kind, "x-polar-delivery": delivery,
+                   "x-polar-batch": batch_id, "x-polar-timestamp": timestamp,
+                   "x-polar-signature": signature(secret, timestamp, batch_id, body)}
+        error, again = _attempt(client, target, headers, body, retry.timeout_s)
+        if error is None:
+            return Outcome(attempts)
+        if not again:
+            break
+    return Outcome(attempts, f"{kind} {payload.get('sample_id') or payload.get('group_id')}: {error} "
+                             f"after {attempts} attempt{'s' if attempts != 1 else ''}")
 
 
 def sample_payload(batch_dir: Path, batch_id: str, sample_id: str) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -120,10 +174,13 @@ def _tokens(result: dict[str, Any]) -> tuple[int, int]:
 class Finisher:
     """The thread that turns finished samples and groups into callbacks and counters."""
 
-    def __init__(self, r: redis.Redis, consumer: str, policy: RetryPolicy = RetryPolicy(), workers: int = 4) -> None:
+    def __init__(self, r: redis.Redis, consumer: str, policy: RetryPolicy = RetryPolicy(),
+                 hosts: CallbackPolicy | None = None, workers: int = 4) -> None:
         self.r, self.consumer, self.policy = r, consumer, policy
+        self.hosts = hosts or CallbackPolicy.of()
         self.pool = ThreadPoolExecutor(workers, thread_name_prefix="polar-callback")
-        self.http = httpx.Client()
+        # No proxy from the environment (it would make the connection, not us) and no redirects.
+        self.http = httpx.Client(trust_env=False, follow_redirects=False)
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=self._loop, name="polar-finisher", daemon=True)
 
@@ -178,13 +235,21 @@ class Finisher:
 
     def _deliver(self, batch_id: str, url: str, secret: str, kind: str, delivery: str,
                  payload: dict[str, Any]) -> None:
-        error = deliver(self.http, url, secret, kind, delivery, payload, self.policy)
-        k = API_PREFIX + batch_id + ":callbacks"
+        outcome = deliver(self.http, self.hosts, url, secret, batch_id, kind, delivery, payload, self.policy)
+        k, failures = API_PREFIX + batch_id + ":callbacks", API_PREFIX + batch_id + ":callback_failures"
         pipe = self.r.pipeline()
-        pipe.hincrby(k, "failed" if error else "delivered", 1)
-        pipe.hincrby(COUNTERS, "callbacks_failed" if error else "callbacks_delivered", 1)
-        if error:
-            pipe.hset(k, "last_error", error)
-            log.warning("polar api: callback of batch %s to %s failed: %s", batch_id, url, error)
+        pipe.hincrby(k, "failed" if outcome.error else "delivered", 1)
+        pipe.hincrby(k, "retried", outcome.attempts - 1)
+        pipe.hincrby(COUNTERS, "callbacks_failed" if outcome.error else "callbacks_delivered", 1)
+        if outcome.error:
+            failure = {"event": kind, "delivery": delivery, "attempts": outcome.attempts, "error": outcome.error,
+                       "at": time.time(), "id": payload.get("sample_id") or payload.get("group_id")}
+            pipe.hset(k, "last_error", outcome.error)
+            pipe.lpush(failures, json.dumps(failure))
+            pipe.ltrim(failures, 0, FAILURES_KEPT - 1)
+            pipe.expire(failures, batches.TTL_S)
+            log.warning("polar api: callback of batch %s to %s failed: %s", batch_id, redact(url), outcome.error)
         pipe.expire(k, batches.TTL_S)
         pipe.execute()
+        events.emit(self.r, "callback", batch_id=batch_id, event=kind, delivery=delivery,
+                    delivered=outcome.error is None, attempts=outcome.attempts, error=outcome.error)

@@ -30,6 +30,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--heartbeat", type=float, default=15.0, help="seconds between SSE heartbeats on /events")
     p.add_argument("--callback-attempts", type=int, default=5,
                    help="tries per callback (waits 0.5, 1, 2, 4 … s between them) before it is recorded as failed")
+    p.add_argument("--callback-host", action="append", default=[], metavar="HOST",
+                   help="allow callbacks to this host name, address or CIDR network (repeat; also "
+                        "$POLAR_CALLBACK_HOSTS, comma-separated); loopback is always allowed, private and "
+                        "link-local addresses only when named here")
+    p.add_argument("--max-streams", type=int, default=256,
+                   help="most /events streams open at once in this process (429 beyond)")
     p.set_defaults(func=serve)
 
 
@@ -50,6 +56,7 @@ def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from workers.api.app import create_app
+    from workers.api.callback_policy import HOSTS_ENV, parse_hosts
     from workers.api.callbacks import RetryPolicy
     from workers.api.service import ApiConfig
 
@@ -59,12 +66,20 @@ def serve(args: argparse.Namespace) -> int:
               f"needs it as a bearer token)", file=sys.stderr)
         return 2
     for name, value in (("--max-body", args.max_body), ("--max-samples", args.max_samples),
-                        ("--heartbeat", args.heartbeat), ("--callback-attempts", args.callback_attempts)):
+                        ("--heartbeat", args.heartbeat), ("--callback-attempts", args.callback_attempts),
+                        ("--max-streams", args.max_streams)):
         if value <= 0:
             print(f"polar api: {name}: expected more than 0, got {value}", file=sys.stderr)
             return 2
+    hosts = (os.environ.get(HOSTS_ENV, ""), *args.callback_host)
+    try:
+        parse_hosts(hosts)
+    except ValueError as e:
+        print(f"polar api: --callback-host: {e}", file=sys.stderr)
+        return 2
     config = ApiConfig(args.broker, args.out.resolve(), token, args.tasks_root.resolve(), args.sessions, args.host,
-                       args.port, args.max_body, args.max_samples, args.heartbeat)
+                       args.port, args.max_body, args.max_samples, args.heartbeat, callback_hosts=hosts,
+                       max_streams=args.max_streams)
     retry = RetryPolicy(attempts=args.callback_attempts)
     if (down := redis_down(args.broker)) is not None:  # one line, not uvicorn's startup traceback
         print(f"polar api: {down}", file=sys.stderr)

@@ -30,7 +30,7 @@ def stage_durations(states: list[dict[str, Any]]) -> dict[str, list[float]]:
     return spent
 
 
-def render(r: redis.Redis, paused: bool, limit: int = 200) -> str:
+def render(r: redis.Redis, paused: bool, limit: int = 200, streams: int = 0) -> str:
     out = ["# HELP polar_samples Samples of the kept batches by state.", "# TYPE polar_samples gauge"]
     by_state = {s: 0 for s in (*STAGE_ORDER, "evaluate", "retry", *ENDS)}
     by_status = {batches.RUNNING: 0, batches.COMPLETED: 0, batches.CANCELLED: 0}
@@ -56,6 +56,8 @@ def render(r: redis.Redis, paused: bool, limit: int = 200) -> str:
     out += [_line("polar_node_load", n.load, node=n.node, state=n.state) for n in nodes]
     out += ["# HELP polar_fence_paused 1 while the weight-sync fence holds new LLM calls.",
             "# TYPE polar_fence_paused gauge", _line("polar_fence_paused", int(paused))]
+    out += ["# HELP polar_event_streams Open /events streams of this API process.",
+            "# TYPE polar_event_streams gauge", _line("polar_event_streams", streams)]
     counters = {k.decode(): int(v) for k, v in r.hgetall(COUNTERS).items()}
     for name, key, help_ in (("polar_llm_calls_total", "calls", "LLM calls of finished samples."),
                              ("polar_samples_finished_total", "samples_finished", "Samples finished."),

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from workers import batches, events
+from workers.api.callback_policy import CallbackPolicy, CallbackRefused
 from workers.api.callbacks import API_PREFIX, batch_meta, callback_status
 from workers.api.models import BadRequest, Submission
 from workers.client import PolarClient
@@ -30,6 +31,8 @@ class ApiConfig:
     max_samples: int = 4096  # per batch
     heartbeat_s: float = 15.0
     list_limit: int = 50  # batches in /rollout/status and the dashboard
+    callback_hosts: tuple[str, ...] = ()  # beside loopback (callback_policy.py)
+    max_streams: int = 256  # open /events streams per process (429 beyond)
 
 
 class NotFound(KeyError):
@@ -41,12 +44,17 @@ class Service:
         self.config = config
         self.client = PolarClient(config.broker, config.sessions)
         self.r = self.client.redis
-        self.ar: Any = None  # a redis.asyncio client for the SSE readers, made when the server starts
+        self.callbacks = CallbackPolicy.of(config.callback_hosts)
 
     def submit(self, sub: Submission) -> dict[str, Any]:
         if sub.samples > self.config.max_samples:
             raise BadRequest(sub.size_field, f"{sub.samples} samples in one batch; this service takes at most "
                                              f"{self.config.max_samples} (polar api --max-samples)")
+        if sub.callback_url:
+            try:
+                self.callbacks.check(sub.callback_url)
+            except CallbackRefused as e:
+                raise BadRequest("callback_url", str(e)) from e
         batch_id = new_batch_id()
         folder = self.config.out / batch_id
         folder.mkdir(parents=True)
@@ -80,11 +88,11 @@ class Service:
         p = batches.progress(self.r, batch_id)
         meta = batch_meta(self.r, batch_id)
         settled = p.finished and p.running == 0
-        return {"id": batch_id, "batch_id": batch_id, "status": p.status, "settled": settled,
+        return printable({"id": batch_id, "batch_id": batch_id, "status": p.status, "settled": settled,
                 "progress": p.to_dict(), "line": p.line(), "adapter": manifest.adapter,
                 "tasks": sorted({s.task_id for s in manifest.samples}), "group_size": manifest.group_size,
                 "samples": batches.samples(self.r, batch_id), "callback_url": meta.get("callback_url") or None,
-                "callbacks": callback_status(self.r, batch_id), "extra": json.loads(meta.get("extra") or "{}")}
+                "callbacks": callback_status(self.r, batch_id), "extra": json.loads(meta.get("extra") or "{}")})
 
     def results(self, batch_id: str) -> list[dict[str, Any]]:
         manifest = self._manifest(batch_id)
@@ -92,8 +100,11 @@ class Service:
         for s in manifest.samples:
             path = result_path(manifest, s.sample_id)
             if path.exists():
-                found.append(json.loads(path.read_text()))
-        return found
+                try:
+                    found.append(json.loads(path.read_text()))
+                except (OSError, ValueError) as e:  # one unreadable result does not hide the others
+                    found.append({"sample_id": s.sample_id, "error": f"result.json unreadable: {e}"})
+        return printable(found)  # an agent's file name that is not UTF-8 comes back escaped
 
     def cancel(self, batch_id: str) -> bool:
         self._manifest(batch_id)
@@ -163,6 +174,14 @@ class Service:
             for part in part_files(folder) if folder.is_dir() else []:
                 writer.write_table(pq.read_table(part).cast(TRAJECTORY_SCHEMA))
         return path
+
+
+def printable(value: Any) -> Any:
+    """`value` with each lone surrogate (a name that is not UTF-8, kept by surrogateescape) as a backslash
+    escape, so that it encodes as UTF-8 (polar/run/sample.py writes results the same way)."""
+    from polar.run.sample import printable as escape
+
+    return escape(value)
 
 
 def file_chunks(path: Path, size: int = 1 << 16) -> Iterator[bytes]:

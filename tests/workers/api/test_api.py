@@ -69,11 +69,13 @@ class Api:
                 time.sleep(0.3)
 
 
-def start_api(root: Path, broker: str, sessions: str, log: Path) -> tuple[subprocess.Popen, str]:
-    """`polar api` on a free port (SSE heartbeats every second, callbacks tried 3 times); waits for /health."""
+def start_api(root: Path, broker: str, sessions: str, log: Path, *extra: str) -> tuple[subprocess.Popen, str]:
+    """`polar api` on a free port (SSE heartbeats every second, callbacks tried 3 times, `extra` options); waits
+    for /health."""
     port = free_port()
     cmd = [sys.executable, "-m", "polar.cli", "api", "--port", str(port), "--broker", broker, "--sessions", sessions,
-           "--out", str(root / "batches"), "--tasks-root", str(root), "--heartbeat", "1", "--callback-attempts", "3"]
+           "--out", str(root / "batches"), "--tasks-root", str(root), "--heartbeat", "1", "--callback-attempts", "3",
+           *extra]
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "POLAR_API_TOKEN": TOKEN}, stdout=out,
                                 stderr=subprocess.STDOUT)
@@ -153,12 +155,15 @@ def test_task_request_by_curl_with_signed_callbacks(api: Api):
     assert submitted["samples"] == 2
     status = api.wait(batch_id, until=lambda s: s["callbacks"]["delivered"] + s["callbacks"]["failed"] >= 3)
     assert status["status"] == "completed" and status["progress"]["done"] + status["progress"]["masked"] == 2
-    assert status["callbacks"] == {"delivered": 3, "failed": 0, "last_error": None}
+    assert status["callbacks"] == {"delivered": 3, "failed": 0, "retried": 0, "last_error": None, "failures": []}
     kinds = sorted(h["x-polar-event"] for h, _ in receiver.got)
     assert kinds == ["group", "sample", "sample"]
     for headers, body in receiver.got:
-        assert verify(secret, body, headers["x-polar-signature"]), headers
-        assert not verify("another-secret", body, headers["x-polar-signature"])
+        assert verify(secret, headers, body), headers  # timestamp.batch_id.body, inside the replay window
+        assert headers["x-polar-batch"] == batch_id and json.loads(body)["delivery"] == headers["x-polar-delivery"]
+        assert not verify("another-secret", headers, body)
+        assert not verify(secret, headers, body, now=int(headers["x-polar-timestamp"]) + 301)  # replayed later
+        assert not verify(secret, {**headers, "x-polar-batch": "another-batch"}, body)
     bodies = [json.loads(b) for _, b in receiver.got]
     samples = {b["sample_id"]: b for b in bodies if b["event"] == "sample"}
     group = next(b for b in bodies if b["event"] == "group")
