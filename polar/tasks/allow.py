@@ -113,12 +113,41 @@ def _same(a: Path, b: Path, sa: os.stat_result, sb: os.stat_result) -> bool:
     if not (stat.S_ISREG(sa.st_mode) and stat.S_ISREG(sb.st_mode)) or sa.st_size != sb.st_size:
         return stat.S_ISLNK(sa.st_mode) and stat.S_ISLNK(sb.st_mode) and os.readlink(a) == os.readlink(b)
     with open(a, "rb") as fa, open(b, "rb", opener=_nofollow) as fb:
-        while True:
-            x, y = fa.read(1 << 20), fb.read(1 << 20)
-            if x != y:
-                return False
-            if not x:
-                return True
+        # Only where either file holds data: a hole in both reads as zeros in both. A task's 64 GiB sparse file
+        # is compared in no time (reading its holes took minutes of system time).
+        for start, end in _merged(_extents(fa.fileno(), sa.st_size) + _extents(fb.fileno(), sb.st_size)):
+            while start < end:
+                n = min(end - start, 1 << 20)
+                x, y = os.pread(fa.fileno(), n, start), os.pread(fb.fileno(), n, start)
+                if x != y:
+                    return False
+                if not x:
+                    break
+                start += len(x)
+    return True
+
+
+def _extents(fd: int, size: int) -> list[tuple[int, int]]:
+    """The file's data extents [start, end) by SEEK_DATA/SEEK_HOLE (a file system without holes: all of it)."""
+    out, pos = [], 0
+    while pos < size:
+        try:
+            start = os.lseek(fd, pos, os.SEEK_DATA)
+        except OSError:
+            break  # ENXIO: nothing but a hole from pos on
+        pos = os.lseek(fd, start, os.SEEK_HOLE)
+        out.append((start, pos))
+    return out
+
+
+def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for start, end in sorted(spans):
+        if out and start <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], end))
+        else:
+            out.append((start, end))
+    return out
 
 
 def _nofollow(path: str, flags: int) -> int:
