@@ -1,4 +1,4 @@
-"""workers/api/models.py and callbacks.sign/verify without a server: how a TaskRequest and the short form map onto
+"""workers/api/models.py and callbacks.signature/verify without a server: how a TaskRequest and the short form map onto
 a batch, what is refused with the field named, and the callback signature a trainer checks."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from workers.api.callbacks import sign, verify
+from workers.api.callbacks import signature, verify
 from workers.api.metrics import stage_durations
 from workers.api.models import BadRequest, ShortTask, TaskRequest, from_short, from_task_request
 
@@ -56,11 +56,14 @@ def test_short_form_with_tasks(tmp_path: Path):
 
 def test_signature():
     body = b'{"event": "sample"}'
-    header = sign("s3cret", body)
+    header = signature("s3cret", "1000", "b1", body)
     assert header.startswith("sha256=") and len(header) == 7 + 64
-    assert verify("s3cret", body, header)
-    assert not verify("s3cret", body + b" ", header) and not verify("other", body, header)
-    assert not verify("s3cret", body, None)
+    sent = {"X-Polar-Signature": header, "X-Polar-Timestamp": "1000", "X-Polar-Batch": "b1"}
+    assert verify("s3cret", sent, body, now=1000)
+    assert not verify("s3cret", sent, body + b" ", now=1000) and not verify("other", sent, body, now=1000)
+    assert not verify("s3cret", {**sent, "X-Polar-Batch": "b2"}, body, now=1000)  # another batch's delivery
+    assert not verify("s3cret", sent, body, now=1000 + 301)  # replayed outside the window
+    assert not verify("s3cret", {k: v for k, v in sent.items() if k != "X-Polar-Signature"}, body, now=1000)
 
 
 def test_stage_durations():
