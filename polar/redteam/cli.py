@@ -30,6 +30,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("tasks", type=Path, help="task file (YAML/JSONL, docs/tasks.md) or Harbor task folder")
     p.add_argument("--runtime", action="append", choices=RUNTIMES,
                    help="runtime to run in (repeatable; default auto). bwrap and local run every task on `host`")
+    p.add_argument("--tasks-root", type=Path, help="where the tasks' workspaces, tests and Harbor folders may lie "
+                                                   "(default: POLAR_TASKS_ROOT, else the task file's folder and the "
+                                                   "current directory)")
     p.add_argument("--image", help="image for the runtimes that run one (apptainer, docker) instead of each task's")
     p.add_argument("--adapter", default="pi", help="harness adapter (default pi)")
     p.add_argument("--only", action="append", metavar="HACK",
@@ -44,13 +47,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def honest_of(task: TaskSpec, source: Path) -> str | Path | None:
+def honest_of(task: TaskSpec, source: Path, tasks_root: Path | None = None) -> str | Path | None:
     """A task's honest fix: its metadata `fix` (one shell command), or a Harbor task's solution/solve.sh."""
     if task.evaluator.kind == "harbor":
         from polar.tasks.harbor import solution_of
 
         try:
-            return solution_of(source, task.task_id)
+            return solution_of(source, task.task_id, tasks_root)
         except TaskError:
             return None
     fix = task.metadata.get("fix")
@@ -58,7 +61,7 @@ def honest_of(task: TaskSpec, source: Path) -> str | Path | None:
 
 
 def plan_of(args: argparse.Namespace) -> Plan:
-    tasks = load_tasks(args.tasks)
+    tasks = load_tasks(args.tasks, args.tasks_root)
     if args.task_id:
         unknown = set(args.task_id) - {t.task_id for t in tasks}
         if unknown:
@@ -70,7 +73,7 @@ def plan_of(args: argparse.Namespace) -> Plan:
     hacks = [BY_NAME[n] for n in args.only] if args.only else list(HACKS)
     if args.per_hack is not None and args.per_hack < 1:
         raise ValueError("--per-hack: at least 1")
-    entries = [(t, facts_of(t), None if args.no_honest else honest_of(t, args.tasks)) for t in tasks]
+    entries = [(t, facts_of(t), None if args.no_honest else honest_of(t, args.tasks, args.tasks_root)) for t in tasks]
     return Plan(entries, hacks, args.runtime or ["auto"], args.per_hack, args.image)
 
 

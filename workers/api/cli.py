@@ -23,8 +23,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="the proxies' sessions/fence Redis (default: db 0 beside the broker)")
     p.add_argument("--out", type=Path, default=Path(os.environ.get("POLAR_OUTPUT_ROOT", "runs/batches")),
                    help="batch folders, on storage every node sees")
-    p.add_argument("--tasks-root", type=Path, default=Path.cwd(),
-                   help="relative workspace/tests paths in a submitted task are under this folder")
+    p.add_argument("--tasks-root", type=Path, default=Path(os.environ.get("POLAR_TASKS_ROOT") or Path.cwd()),
+                   help="submitted tasks' workspace/tests paths must lie under this folder, relative ones are taken "
+                        "from it (default $POLAR_TASKS_ROOT, else the working directory)")
     p.add_argument("--max-body", type=int, default=1 << 20, help="largest request body in bytes (413 beyond)")
     p.add_argument("--max-samples", type=int, default=4096, help="most samples in one batch (422 beyond)")
     p.add_argument("--heartbeat", type=float, default=15.0, help="seconds between SSE heartbeats on /events")

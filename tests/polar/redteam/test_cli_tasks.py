@@ -65,3 +65,28 @@ def test_a_subset_holds_in_a_container(tmp_path, long_model):
     for row in report["rows"]:
         check_row(row)
     assert report["exit"] == 0, printed
+
+
+def test_tasks_root_widens_where_a_task_file_may_lead(tmp_path):
+    """A task file whose workspace lies beside its folder is refused in one line naming the field; `--tasks-root`
+    over both lets it load (the run then stops at the next check, an unknown --only)."""
+    import subprocess
+    import sys
+
+    (tmp_path / "repo").mkdir()
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "tasks" / "t.yaml").write_text(yaml.safe_dump({"tasks": [{
+        "task_id": "t", "instruction": "x", "workspace": "../repo", "image": "host",
+        "submit": ["calc.py"], "evaluator": {"command": "true"}}]}))
+    env = {k: v for k, v in __import__("os").environ.items() if k != "POLAR_TASKS_ROOT"}
+
+    def redteam_line(*extra: str) -> str:
+        done = subprocess.run([sys.executable, "-m", "polar.cli", "redteam", str(tmp_path / "tasks" / "t.yaml"),
+                               "--only", "no-such-hack", *extra], capture_output=True, text=True, cwd=tmp_path / "tasks",
+                              env=env, timeout=120)
+        assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+        return done.stderr
+
+    refused = redteam_line()
+    assert "workspace" in refused and "outside the tasks root" in refused, refused
+    assert "--only: no hack no-such-hack" in redteam_line("--tasks-root", str(tmp_path))
