@@ -188,7 +188,8 @@ def test_300_event_streams_share_redis_connections_and_get_429_over_the_cap(api:
     assert during[-1] == MAX_STREAMS
     assert max(during[:-1]) <= baseline + 1, (baseline, during)  # +1: a heartbeat's read beside the finisher's
     deadline = time.monotonic() + 15
-    while (open_streams(api), connected(r)) != (0, baseline):
+    # The pool keeps the connection a heartbeat's read may have opened beside the finisher's (the +1 above).
+    while open_streams(api) != 0 or connected(r) > baseline + 1:
         assert time.monotonic() < deadline, (open_streams(api), connected(r), baseline)
         time.sleep(0.3)
     with api.http() as c, c.stream("GET", "/events", timeout=httpx.Timeout(30)) as answer:
