@@ -74,9 +74,11 @@ def wait_until(ok, proc: subprocess.Popen, log: Path, what: str, timeout_s: floa
 @pytest.mark.slow
 def test_the_readmes_api_example_runs_on_its_own_entry_points(tmp_path: Path) -> None:
     """The README's service block (engine, `python -m polar.rollout_server`, `python -m polar.gateway`) started as
-    written, then its curl (no Content-Type) and HTTP PolarClient blocks against it: both samples score 1."""
+    written, then its curl (no Content-Type) and HTTP PolarClient blocks against it, and docs/api.md's TaskRequest
+    curl: each batch's two samples score 1."""
     import signal
     import socket
+    import time
 
     import httpx
 
@@ -86,7 +88,9 @@ def test_the_readmes_api_example_runs_on_its_own_entry_points(tmp_path: Path) ->
         shutil.copytree(ROOT / "fixtures" / name, tmp_path / "fixtures" / name, symlinks=True)
     blocks = service_blocks((ROOT / "README.md").read_text())
     assert [k for k, _, _ in blocks] == ["service", "on-service", "on-service"]
-    ports = free_ports([b for _, _, b in blocks])
+    docs = service_blocks((ROOT / "docs" / "api.md").read_text())
+    assert [(k, lang) for k, lang, _ in docs] == [("on-service", "sh")]
+    ports = free_ports([b for _, _, b in blocks + docs])
     local = lambda text: PORT.sub(lambda m: ports[m[0]], text)  # noqa: E731
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
     procs: list[subprocess.Popen] = []
@@ -110,13 +114,19 @@ def test_the_readmes_api_example_runs_on_its_own_entry_points(tmp_path: Path) ->
                 port = int(PORT.findall(line)[-1])
                 wait_until(lambda: socket.socket().connect_ex(("127.0.0.1", port)) == 0, procs[-1], log,
                            f"{line} did not listen")
-        for _, lang, body in blocks[1:]:
+        printed = []
+        for _, lang, body in blocks[1:] + docs:
             cmd = ["bash", "-euo", "pipefail", "-c", local(body)] if lang == "sh" else [sys.executable, "-c", local(body)]
             proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
             assert proc.returncode == 0 and "Traceback" not in proc.stderr, f"{body}\n---\n{proc.stdout}{proc.stderr}"
-        batch = json.loads((tmp_path / "batch.json").read_text())["batch_id"]
-        status = httpx.get(f"{api}/api/batches/{batch}", headers={"authorization": f"Bearer {env['POLAR_API_TOKEN']}"})
-        assert [s["reward"] for s in status.json()["samples"].values()] == [1.0, 1.0], status.text
+            printed.append(proc.stdout)
+        auth = {"authorization": f"Bearer {env['POLAR_API_TOKEN']}"}
+        for batch in (json.loads((tmp_path / "batch.json").read_text())["batch_id"], json.loads(printed[-1])["id"]):
+            deadline = time.monotonic() + 300
+            while not (status := httpx.get(f"{api}/api/batches/{batch}", headers=auth).json())["settled"]:
+                assert time.monotonic() < deadline, status
+                time.sleep(0.5)
+            assert [s["reward"] for s in status["samples"].values()] == [1.0, 1.0], status
         truncated = httpx.post(f"{api}/api/tasks", content=b'{"harness": "pi", "group_size": 2, "task',
                                headers={"authorization": f"Bearer {env['POLAR_API_TOKEN']}"})
         assert truncated.status_code == 422 and truncated.json()["field"] == "body", truncated.text

@@ -158,8 +158,12 @@ def test_task_request_by_curl_with_signed_callbacks(api: Api):
     assert status["callbacks"] == {"delivered": 3, "failed": 0, "retried": 0, "last_error": None, "failures": []}
     kinds = sorted(h["x-polar-event"] for h, _ in receiver.got)
     assert kinds == ["group", "sample", "sample"]
+    trusted = documented_check()
     for headers, body in receiver.got:
         assert verify(secret, headers, body), headers  # timestamp.batch_id.body, inside the replay window
+        assert trusted(secret, headers, body) and not trusted(secret, headers, body + b" ")
+        old = str(int(headers["x-polar-timestamp"]) - 301)
+        assert not trusted(secret, {**headers, "x-polar-timestamp": old}, body)
         assert headers["x-polar-batch"] == batch_id and json.loads(body)["delivery"] == headers["x-polar-delivery"]
         assert not verify("another-secret", headers, body)
         assert not verify(secret, headers, body, now=int(headers["x-polar-timestamp"]) + 301)  # replayed later
@@ -184,6 +188,16 @@ def test_task_request_by_curl_with_signed_callbacks(api: Api):
     with api.http() as c:  # the page a dashboard sample links to
         page = c.get(f"/api/batches/{batch_id}/report")
     assert page.status_code == 200 and batch_id in page.text and "<html" in page.text.lower()
+
+
+def documented_check():
+    """The receiver's check docs/api.md gives for languages without `verify` (its block after `<!-- callback-check
+    -->`), run as written."""
+    text = (ROOT / "docs" / "api.md").read_text()
+    block = text.split("<!-- callback-check -->\n```python\n", 1)[1].split("\n```", 1)[0]
+    scope: dict = {}
+    exec(compile(block, "docs/api.md", "exec"), scope)
+    return scope["trusted"]
 
 
 def sse_events(api: Api, seen: list, ready: threading.Event, stop: threading.Event) -> None:
@@ -296,9 +310,10 @@ def test_http_client_matches_the_redis_client(api: Api, tmp_path: Path):
 
 
 def test_dashboard_in_headless_chromium(api: Api, tmp_path: Path):
-    """The page, opened before the batch moves, shows its progress from 0 to done from /events alone. It is served
-    by a second `polar api` (stateless: both front the same Redis); stopping that one when the batch is done ends
-    the page's event stream, so Chromium's virtual time runs out and it dumps the DOM it has then."""
+    """The page, opened before the batch moves, shows its progress from 0 to done from /events alone, and lists the
+    newest batch's samples; a batch cancelled before it ran has no green bar. It is served by a second `polar api`
+    (stateless: both front the same Redis); stopping that one when the batch is done ends the page's event stream,
+    so Chromium's virtual time runs out and it dumps the DOM it has then."""
     exe = shutil.which("chromium")
     if exe is None:
         pytest.fail("chromium is not installed (make setup installs Debian's chromium)")
@@ -308,6 +323,10 @@ def test_dashboard_in_headless_chromium(api: Api, tmp_path: Path):
     try:
         with api.http() as c:  # held at the fence, the batch sits at 0 done until the page is watching
             assert c.post("/policy/pause", json={"timeout_s": 30}).status_code == 200
+        stopped = api.short(2, task_id="stopped")["batch_id"]
+        with api.http() as c:
+            assert c.post(f"/api/batches/{stopped}/cancel").json()["cancelled"]
+        time.sleep(1.1)  # batch ids sort by their second: the next one is the newest
         batch_id = api.short(2, task_id="dash")["batch_id"]
         page = subprocess.Popen([exe, "--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={tmp_path / 'p'}",
                                  "--no-first-run", "--disable-extensions", "--disable-background-networking",
@@ -335,7 +354,12 @@ def test_dashboard_in_headless_chromium(api: Api, tmp_path: Path):
     row = row[:row.index("</tr>")]
     seen = row.split('data-seen="', 1)[1].split('"', 1)[0].split("|")
     assert seen[0].startswith("0/2") and seen[-1] == "2/2 completed", seen
-    assert 'data-status="completed"' in row
+    assert 'data-status="completed"' in row and 'class="bar done"' in row
+    cancelled = out[out.index(f'data-batch="{stopped}"'):]
+    cancelled = cancelled[:cancelled.index("</tr>")]
+    assert 'data-status="cancelled"' in cancelled and 'class="bar stopped"' in cancelled, cancelled
+    listed = out[out.index('id="samples"'):]
+    assert f'of {batch_id}<' in out and f"{batch_id}.dash." in listed and stopped not in listed, listed[:2000]
     requested = [line.split('"')[1] for line in log.read_text(errors="replace").splitlines() if '"GET /' in line]
     assert {r.split("?")[0].split()[1] for r in requested} >= {"/", "/static/dashboard.js", "/static/dashboard.css",
                                                                "/rollout/status", "/events"}

@@ -2,7 +2,9 @@
 // Same-origin only; the token travels as the cookie the server set when the page was opened with ?token=.
 "use strict";
 
-const state = { batches: {}, seen: {}, samples: {}, harness: {}, rewards: {}, nodes: [], chosen: null, lastCounters: null };
+// `chosen`: the batch whose samples are listed; it follows the newest batch until the user clicks one (`pinned`).
+const state = { batches: {}, seen: {}, samples: {}, harness: {}, rewards: {}, nodes: [], chosen: null, pinned: false,
+                lastCounters: null };
 
 function el(tag, text, cls) {
   const e = document.createElement(tag);
@@ -36,7 +38,6 @@ async function fetchBatch(batchId) {
   state.harness[batchId] = data.adapter || "(per task)";
   state.samples[batchId] = data.samples;
   for (const [sid, st] of Object.entries(data.samples)) countReward(batchId, sid, st);
-  if (!state.chosen) state.chosen = batchId;
   render();
 }
 
@@ -64,9 +65,13 @@ function recount(batchId) {  // a batch's progress from its samples' stages, as 
   p.reward_mean = rewards.length ? rewards.reduce((a, b) => a + b, 0) / rewards.length : null;
 }
 
+function follow(batchId) {  // a batch that appears after the page loaded is the newest one
+  if (!state.pinned) state.chosen = batchId;
+}
+
 function onSample(ev) {
   const b = ev.batch_id;
-  if (!state.batches[b]) return loadBatch(b);
+  if (!state.batches[b]) { follow(b); return loadBatch(b); }
   const samples = state.samples[b] = state.samples[b] || {};
   samples[ev.sample_id] = Object.assign(samples[ev.sample_id] || {}, { stage: ev.stage, node: ev.node, reward: ev.reward });
   countReward(b, ev.sample_id, samples[ev.sample_id]);
@@ -81,7 +86,7 @@ function onGroup(ev) {
 
 function onBatch(ev) {
   const p = state.batches[ev.batch_id];
-  if (!p) return loadBatch(ev.batch_id);
+  if (!p) { follow(ev.batch_id); return loadBatch(ev.batch_id); }
   p.status = ev.status;
   render();
 }
@@ -107,12 +112,17 @@ function setFence(paused) {
   f.className = "pill" + (paused ? " paused" : "");
 }
 
-function bar(p) {
+function bar(p) {  // green only for a batch that ran every sample; cancelled samples are a grey part of their own
   const finished = p.done + p.masked + p.cancelled;
-  const wrap = el("span", null, "bar" + (p.status !== "running" ? " done" : ""));
-  const fill = el("span");
-  fill.style.width = (p.total ? 100 * finished / p.total : 0) + "%";
-  wrap.appendChild(fill);
+  const look = p.status === "running" ? "" : p.status === "completed" && !p.cancelled ? " done" : " stopped";
+  const wrap = el("span", null, "bar" + look);
+  const part = (n, cls) => {
+    const fill = el("span", null, cls);
+    fill.style.width = (p.total ? 100 * n / p.total : 0) + "%";
+    wrap.appendChild(fill);
+  };
+  part(p.done + p.masked, "ran");
+  part(p.cancelled, "cancelled");
   const cell = el("td");
   cell.appendChild(wrap);
   cell.appendChild(el("span", " " + finished + "/" + p.total, "progress-text"));
@@ -140,7 +150,11 @@ function renderBatches() {
     for (const k of ["queued", "running", "done", "masked", "cancelled"]) tr.appendChild(el("td", p[k]));
     tr.appendChild(el("td", p.groups_done + "/" + p.groups));
     tr.appendChild(el("td", fmt(p.reward_mean)));
-    tr.onclick = () => { state.chosen = b; render(); };
+    tr.onclick = () => {
+      state.chosen = b; state.pinned = true;
+      if (!state.samples[b]) loadBatch(b).catch(() => null);  // beyond the ten the page loaded at start
+      render();
+    };
     body.appendChild(tr);
   }
 }
@@ -195,6 +209,7 @@ async function start() {
   for (const b of snapshot.batches) {
     state.batches[b.batch_id] = b.progress;
   }
+  state.chosen = Object.keys(state.batches).sort().reverse()[0] || null;  // newest first, as the table lists them
   render();
   await Promise.all(snapshot.batches.slice(0, 10).map(b => loadBatch(b.batch_id).catch(() => null)));
   // From the snapshot's stream position: whatever changed since the snapshot arrives as events.
