@@ -127,8 +127,7 @@ def test_the_readmes_api_example_runs_on_its_own_entry_points(tmp_path: Path) ->
                 assert time.monotonic() < deadline, status
                 time.sleep(0.5)
             assert [s["reward"] for s in status["samples"].values()] == [1.0, 1.0], status
-        truncated = httpx.post(f"{api}/api/tasks", content=b'{"harness": "pi", "group_size": 2, "task',
-                               headers={"authorization": f"Bearer {env['POLAR_API_TOKEN']}"})
+        truncated = httpx.post(f"{api}/api/tasks", content=b'{"harness": "pi", "group_size": 2, "task', headers=auth)
         assert truncated.status_code == 422 and truncated.json()["field"] == "body", truncated.text
     finally:
         for proc in reversed(procs):

@@ -70,6 +70,7 @@ def test_a_subset_holds_in_a_container(tmp_path, long_model):
 def test_tasks_root_widens_where_a_task_file_may_lead(tmp_path):
     """A task file whose workspace lies beside its folder is refused in one line naming the field; `--tasks-root`
     over both lets it load (the run then stops at the next check, an unknown --only)."""
+    import os
     import subprocess
     import sys
 
@@ -78,7 +79,7 @@ def test_tasks_root_widens_where_a_task_file_may_lead(tmp_path):
     (tmp_path / "tasks" / "t.yaml").write_text(yaml.safe_dump({"tasks": [{
         "task_id": "t", "instruction": "x", "workspace": "../repo", "image": "host",
         "submit": ["calc.py"], "evaluator": {"command": "true"}}]}))
-    env = {k: v for k, v in __import__("os").environ.items() if k != "POLAR_TASKS_ROOT"}
+    env = {k: v for k, v in os.environ.items() if k != "POLAR_TASKS_ROOT"}
 
     def redteam_line(*extra: str) -> str:
         done = subprocess.run([sys.executable, "-m", "polar.cli", "redteam", str(tmp_path / "tasks" / "t.yaml"),

@@ -65,8 +65,8 @@ function recount(batchId) {  // a batch's progress from its samples' stages, as 
   p.reward_mean = rewards.length ? rewards.reduce((a, b) => a + b, 0) / rewards.length : null;
 }
 
-function follow(batchId) {  // a batch that appears after the page loaded is the newest one
-  if (!state.pinned) state.chosen = batchId;
+function follow(batchId) {  // the newest batch by id (ids sort by time), as start() chose; a late event of an old one is not
+  if (!state.pinned && (!state.chosen || batchId > state.chosen)) state.chosen = batchId;
 }
 
 function onSample(ev) {
