@@ -17,9 +17,19 @@ ADDON = Path(__file__).resolve().parent / "addon.py"
 
 
 def free_port() -> int:
+    """A loopback port free now. Only now: a launcher retries on fresh ports when its child's bind lost the race
+    (`port_taken`), up to PORT_ATTEMPTS times."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+PORT_ATTEMPTS = 3
+
+
+def port_taken(log: Path) -> bool:
+    """Whether a child's log says its listener's port was taken before it could bind it."""
+    return "address already in use" in _tail(log).lower()
 
 
 @dataclass(frozen=True)
@@ -81,28 +91,33 @@ def start_proxy(workdir: Path, backend: str, model_dir: Path, *extra: str, hosts
     provider hostname can point at a local listener. `reverse_target`: the base-URL listener's target
     (default the engine; Polar never forwards to it, see polar_mitm/egress.py)."""
     workdir.mkdir(parents=True, exist_ok=True)
-    p1, p2 = free_port(), free_port()
     confdir, capture, log = workdir / "mitm", workdir / "captures", workdir / "mitmdump.log"
-    cmd = [
-        str(Path(sys.executable).parent / "mitmdump"), *(["-q"] if quiet else ["--set", "flow_detail=0"]), "-s", str(ADDON),
-        "--mode", f"regular@127.0.0.1:{p1}", "--mode", f"reverse:{reverse_target or parse_backends(backend)[0]}@127.0.0.1:{p2}",
-        "--set", f"confdir={confdir}", "--set", "connection_strategy=lazy",
-        "--set", f"polar_backend={backend}", "--set", f"polar_tokenizer={model_dir}",
-        "--set", f"polar_capture_dir={capture}", *extra,
-    ]
-    if hosts_file is not None:
-        cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
-               'mount --bind "$0" /etc/hosts && exec "$@"', str(hosts_file), *cmd]
     env = dict(os.environ, HF_HUB_OFFLINE="1")
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=workdir)
-    try:
-        wait_for_port(p1, proc, log)
-        wait_for_port(p2, proc, log)
-        wait_for_file(confdir / "mitmproxy-ca-cert.pem", proc, log)
-    except RuntimeError:
-        proc.kill()
-        raise
+    for attempt in range(PORT_ATTEMPTS):
+        p1, p2 = free_port(), free_port()
+        cmd = [
+            str(Path(sys.executable).parent / "mitmdump"), *(["-q"] if quiet else ["--set", "flow_detail=0"]), "-s", str(ADDON),
+            "--mode", f"regular@127.0.0.1:{p1}", "--mode", f"reverse:{reverse_target or parse_backends(backend)[0]}@127.0.0.1:{p2}",
+            "--set", f"confdir={confdir}", "--set", "connection_strategy=lazy",
+            "--set", f"polar_backend={backend}", "--set", f"polar_tokenizer={model_dir}",
+            "--set", f"polar_capture_dir={capture}", *extra,
+        ]
+        if hosts_file is not None:
+            cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                   'mount --bind "$0" /etc/hosts && exec "$@"', str(hosts_file), *cmd]
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=workdir)
+        try:
+            wait_for_port(p1, proc, log)
+            wait_for_port(p2, proc, log)
+            wait_for_file(confdir / "mitmproxy-ca-cert.pem", proc, log)
+            break
+        except RuntimeError:
+            proc.kill()
+            proc.wait()
+            if attempt + 1 < PORT_ATTEMPTS and port_taken(log):
+                continue
+            raise
     return proc, ProxyProcess(proc.pid, p1, p2, confdir / "mitmproxy-ca-cert.pem", capture, backend, log)
 
 

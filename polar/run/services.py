@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 
 from polar.sandbox import supervisor
 from polar_traj import atomic
-from polar_mitm.launch import PARENT_ENV, free_port, stop, wait_for_file, wait_for_port
+from polar_mitm.launch import PARENT_ENV, PORT_ATTEMPTS, free_port, port_taken, stop, wait_for_file, wait_for_port
 from polar_mitm.sampling import parse_sampling, session_sampling
 from polar_mitm.sessions import register_session
 
@@ -118,24 +118,32 @@ def reference_server(model_dir: Path, policy: Path | None, log: Path) -> Iterato
 def start_proxy(tokenizer: Path, backend: str, capture_dir: Path, confdir: Path, log: Path,
                 sessions: str = "open", engine: str = "sglang", host: str = "127.0.0.1") -> Iterator[ProxyHandle]:
     """`polar proxy` on two free ports; yields its handle. `sessions`: "open" or a redis:// / unix:// URL."""
-    p1, p2 = free_port(), free_port()  # host is always loopback here
-    cmd = [sys.executable, "-m", "polar.cli", "proxy", "--tokenizer", str(tokenizer), "--backend", backend,
-           "--engine", engine,
-           "--capture-dir", str(capture_dir), "--sessions", sessions, "--host", host,
-           "--proxy-port", str(p1), "--base-url-port", str(p2), "--confdir", str(confdir)]
     log.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", PARENT_ENV: str(os.getpid())}
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
-    watch = supervisor.watch_process(proc.pid)  # it also dies with us (die_with_parent): this is for its port
-    try:
+    for attempt in range(PORT_ATTEMPTS):
+        # A free port is only free until someone binds it: another process's outgoing connection or listener can
+        # take it between free_port() and mitmproxy's bind, so a lost race is retried on two fresh ports.
+        p1, p2 = free_port(), free_port()  # host is always loopback here
+        cmd = [sys.executable, "-m", "polar.cli", "proxy", "--tokenizer", str(tokenizer), "--backend", backend,
+               "--engine", engine,
+               "--capture-dir", str(capture_dir), "--sessions", sessions, "--host", host,
+               "--proxy-port", str(p1), "--base-url-port", str(p2), "--confdir", str(confdir)]
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+        watch = supervisor.watch_process(proc.pid)  # it also dies with us (die_with_parent): this is for its port
         try:
             wait_for_port(p1, proc, log, 90.0, host)
             wait_for_port(p2, proc, log, 90.0, host)
             ca = confdir / "mitmproxy-ca-cert.pem"
             wait_for_file(ca, proc, log)
+            break
         except RuntimeError as e:
+            stop(proc)
+            watch.release()
+            if attempt + 1 < PORT_ATTEMPTS and port_taken(log):
+                continue
             raise ServiceError(f"proxy: {e}") from e
+    try:
         yield ProxyHandle(host, p1, p2, ca, capture_dir, sessions)
     finally:
         stop(proc)

@@ -91,3 +91,27 @@ def _state(pid: int) -> str:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except OSError:
         return "Z"
+
+
+def test_a_proxy_whose_port_was_taken_starts_on_fresh_ports(tmp_path, tiny_model_dir, monkeypatch):
+    """Between picking a free port and the proxy's bind, another process may take it (CI lost a whole module's
+    nodes to this): the launcher sees "address already in use" and starts again on fresh ports."""
+    import socket
+
+    import polar.run.services as services
+    from polar_mitm.launch import free_port
+
+    squatter = socket.socket()
+    squatter.bind(("127.0.0.1", 0))
+    squatter.listen()
+    taken = squatter.getsockname()[1]
+    picks = iter([taken, free_port()])
+    monkeypatch.setattr(services, "free_port", lambda: next(picks, None) or free_port())
+    try:
+        with services.start_proxy(tiny_model_dir, "http://127.0.0.1:9", tmp_path / "cap", tmp_path / "confdir",
+                                  tmp_path / "proxy.log") as proxy:
+            assert proxy.proxy_port != taken and proxy.ca_cert.is_file()
+            with socket.create_connection(("127.0.0.1", proxy.base_url_port), timeout=5):
+                pass
+    finally:
+        squatter.close()
