@@ -19,6 +19,7 @@ from polar.cli import main
 from polar.run.local_redis import redis_command, start_redis
 from polar.run.services import context_view
 from polar_mitm.launch import free_port, wait_for_port
+from tests.polar.run.test_killed_run import alive, descendants, describe
 from tests.workers.cluster import Node, node_env, spawn_node, wait_ready
 from tests.workers.test_rollouts import Cluster, records, wait_for
 from workers import liveness, steps
@@ -154,13 +155,21 @@ def check_reassigned(batch, results: dict[str, dict], victims: list[str], lost: 
 
 
 def test_a_killed_node_loses_no_sample(nodes: Nodes, capsys):
-    """SIGKILL of n1's whole process group mid-run (an OOM kill, a lost machine): its samples start over on n2."""
+    """SIGKILL of n1's whole process group mid-run (an OOM kill, a lost machine): its samples start over on n2,
+    and nothing n1 started outlives it (its watchdog, polar/sandbox/supervisor.py, stops the sandboxes, which run
+    in process groups of their own, and the proxy, then exits)."""
     batch = nodes.submit(("slow-k", "slow"), group_size=8)
     victims = nodes.wait_running(batch, "n1", 2)
     stale = {s: (nodes.state(batch, s)["task"], nodes.state(batch, s)["attempt"]) for s in victims}
+    started = descendants(nodes.nodes["n1"].proc.pid)
     killed_at = time.monotonic()
     nodes.nodes["n1"].signal_group(signal.SIGKILL)
     nodes.nodes["n1"].proc.wait(30)
+    assert len(started) >= 4, describe(started)  # the pool, the watchdog, the proxy, the sandboxes at least
+    deadline = time.monotonic() + 30
+    while (left := alive(started)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not left, f"left after n1's SIGKILL:\n{describe(left)}"
     wait_for(lambda: [n for n in nodes.client.nodes() if n.node == "n1" and n.state == "lost"], 30, "n1 lost")
     finished(nodes, batch)
     took = time.monotonic() - killed_at
