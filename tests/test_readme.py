@@ -75,7 +75,7 @@ def wait_until(ok, proc: subprocess.Popen, log: Path, what: str, timeout_s: floa
 def test_the_readmes_api_example_runs_on_its_own_entry_points(tmp_path: Path) -> None:
     """The README's service block (engine, `python -m polar.rollout_server`, `python -m polar.gateway`) started as
     written, then its curl (no Content-Type) and HTTP PolarClient blocks against it, and docs/api.md's TaskRequest
-    curl: each batch's two samples score 1."""
+    curl and SDK block (its `tasks.yaml`: the demo's fix-calc): each batch's two samples score 1."""
     import signal
     import socket
     import time
@@ -89,7 +89,11 @@ def test_the_readmes_api_example_runs_on_its_own_entry_points(tmp_path: Path) ->
     blocks = service_blocks((ROOT / "README.md").read_text())
     assert [k for k, _, _ in blocks] == ["service", "on-service", "on-service"]
     docs = service_blocks((ROOT / "docs" / "api.md").read_text())
-    assert [(k, lang) for k, lang, _ in docs] == [("on-service", "sh")]
+    assert [(k, lang) for k, lang, _ in docs] == [("on-service", "sh"), ("on-service", "python")]
+    (tmp_path / "tasks.yaml").write_text(json.dumps({"tasks": [{
+        "task_id": "fix-calc", "instruction": "Fix the bug in calc.py.", "workspace": "fixtures/tasks/calc",
+        "tests": "fixtures/tasks/tests/calc", "submit": ["calc.py"], "image": "host",
+        "evaluator": {"pytest": ["tests/test_calc.py"]}}]}))
     ports = free_ports([b for _, _, b in blocks + docs])
     local = lambda text: PORT.sub(lambda m: ports[m[0]], text)  # noqa: E731
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
@@ -121,12 +125,14 @@ def test_the_readmes_api_example_runs_on_its_own_entry_points(tmp_path: Path) ->
             assert proc.returncode == 0 and "Traceback" not in proc.stderr, f"{body}\n---\n{proc.stdout}{proc.stderr}"
             printed.append(proc.stdout)
         auth = {"authorization": f"Bearer {env['POLAR_API_TOKEN']}"}
-        for batch in (json.loads((tmp_path / "batch.json").read_text())["batch_id"], json.loads(printed[-1])["id"]):
+        for batch in (json.loads((tmp_path / "batch.json").read_text())["batch_id"], json.loads(printed[2])["id"]):
             deadline = time.monotonic() + 300
             while not (status := httpx.get(f"{api}/api/batches/{batch}", headers=auth).json())["settled"]:
                 assert time.monotonic() < deadline, status
                 time.sleep(0.5)
             assert [s["reward"] for s in status["samples"].values()] == [1.0, 1.0], status
+        sdk = [line.split() for line in printed[3].splitlines() if "fix-calc" in line]  # index, task_id, reward
+        assert len(sdk) >= 2 and all(row[-1] == "1.0" for row in sdk), printed[3]
         truncated = httpx.post(f"{api}/api/tasks", content=b'{"harness": "pi", "group_size": 2, "task', headers=auth)
         assert truncated.status_code == 422 and truncated.json()["field"] == "body", truncated.text
     finally:
