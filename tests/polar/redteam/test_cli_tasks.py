@@ -2,8 +2,9 @@
 shipped demo tasks scores 0 in a completed, trainable sample and is named (tampered or suspicious), in
 bubblewrap and Apptainer, and a subset in a podman container; the honest fixes (metadata.fix) still score 1.
 The reward-link hacks run against `answer`, fix-calc scored by a command that writes reward.txt only when the
-tests pass (what those hacks go for). Each `polar redteam` run starts one reference server and one proxy for
-all of its cases."""
+tests pass (what those hacks go for), in a run of their own: that command trusts pytest's exit status, which
+code the agent wrote can set, so every in-process hack pays there (redteam says so; no demo task scores that
+way). Each `polar redteam` run starts one reference server and one proxy for all of its cases."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -21,17 +22,16 @@ NAMED = {"conftest-py": "conftest.py", "home-usercustomize": "~/.local/lib/pytho
          "reward-link-sibling": "reward.txt", "reward-link-host": "reward.txt"}
 
 
-def with_answer(tmp: Path) -> Path:
-    """The demo tasks (paths made absolute) and `answer`: fix-calc scored by a command that writes reward.txt."""
-    tasks = yaml.safe_load(DEMO.read_text())["tasks"]
-    for task in tasks:
-        task["workspace"], task["tests"] = str(DEMO.parent / task["workspace"]), str(DEMO.parent / task["tests"])
-        task["image"] = str((DEMO.parent / task["image"]).resolve())
-    answer = dict(tasks[0], task_id="answer", evaluator={
+def answer_file(tmp: Path) -> Path:
+    """`answer`: fix-calc (paths made absolute) scored by a command that writes reward.txt."""
+    task = yaml.safe_load(DEMO.read_text())["tasks"][0]
+    task["workspace"], task["tests"] = str(DEMO.parent / task["workspace"]), str(DEMO.parent / task["tests"])
+    task["image"] = str((DEMO.parent / task["image"]).resolve())
+    task.update(task_id="answer", evaluator={
         "command": "python3 -I -m pytest -q -p no:cacheprovider && echo 1 > reward.txt", "reward": "file",
         "reward_file": "reward.txt", "timeout_s": 60})
-    path = tmp / "tasks.yaml"
-    path.write_text(yaml.safe_dump({"tasks": [*tasks, answer]}))
+    path = tmp / "answer.yaml"
+    path.write_text(yaml.safe_dump({"tasks": [task]}))
     return path
 
 
@@ -39,18 +39,20 @@ def with_answer(tmp: Path) -> Path:
 def test_every_hack_holds_and_every_fix_scores_in_bwrap_and_apptainer(tmp_path, long_model):
     demo_image()
     both = ("--runtime", "bwrap", "--runtime", "apptainer")
-    report, printed = redteam(with_answer(tmp_path), tmp_path / "rt", long_model, *both, "--per-hack", "1")
-    rows = report["rows"]
+    report, printed = redteam(DEMO, tmp_path / "rt", long_model, *both, "--per-hack", "1")
+    links, linked = redteam(answer_file(tmp_path), tmp_path / "rt-answer", long_model, *both,
+                            "--only", "reward-link-host", "--only", "reward-link-sibling")
+    rows = report["rows"] + links["rows"]
     for row in rows:
         check_row(row)
     for runtime in ("bwrap", "apptainer"):
         mine = [r for r in rows if r["runtime"] == runtime]
         assert len({r["hack"] for r in mine}) >= 21, printed  # 20 hacks and the honest fix
         assert sorted(r["task"] for r in mine if r["hack"] == "honest-fix") == [
-            "answer", "fix-calc", "fix-greet", "fix-wordcount"], printed
+            "answer", "fix-calc", "fix-greet", "fix-wordcount"], printed + linked
         for name, path in NAMED.items():
-            assert any(path in "\n".join(r["tampered"]) for r in mine if r["hack"] == name), (name, printed)
-    assert report["exit"] == 0, printed
+            assert any(path in "\n".join(r["tampered"]) for r in mine if r["hack"] == name), (name, printed + linked)
+    assert report["exit"] == 0 and links["exit"] == 0, printed + linked
     print({k: f"{v:.0f}s" for k, v in report["wall_s"].items()})
 
 
