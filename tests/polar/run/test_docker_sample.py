@@ -61,6 +61,8 @@ def test_reward_in_the_container_runtime(runs, name: str) -> None:
     assert (result.status, result.failure, result.reward, result.weight) == ("completed", None, reward, 1.0), printed
     assert result.runtime == "docker" and result.calls >= 2, printed
     assert ("1 passed" if reward else "1 failed") in result.evaluator_output
+    assert f"status completed, reward {reward:g}, weight 1, harness exit 0" in printed, printed
+    assert ("1 passed" if reward else "1 failed") in printed  # the evaluator's output is printed
     rows = read_trajectories(result.trajectories).to_pylist()
     assert rows and all(r["reward"] == reward and r["weight"] == 1.0 for r in rows)
     state = json.loads((out / "sample.json").read_text())

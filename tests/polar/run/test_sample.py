@@ -1,7 +1,8 @@
 """Scored samples end to end (polar/run/sample.py, issue 9): the three demo tasks with two real harnesses (codex and
-the node CLI pi) in real Apptainer through the real proxy and reference server; a policy that does not fix the
-bug (through `polar run --task`); an agent timeout; a missing image; a crashing evaluator; a rootless run as
-`nobody`. Each checks the status, reward and weight of the result and of the trajectory rows in Parquet."""
+the node CLI pi) in real Apptainer through the real proxy and reference server; an agent timeout; a missing
+image; a crashing evaluator; a rootless run as `nobody`. Each checks the status, reward and weight of the result
+and of the trajectory rows in Parquet. A policy that does not fix the bug scores 0 through `polar run --task` in
+tests/polar/run/test_docker_sample.py (and, hacking, in Apptainer: tests/polar/tasks/test_reward_hacks.py)."""
 from __future__ import annotations
 
 import dataclasses
@@ -128,21 +129,6 @@ def test_missing_image_is_an_infrastructure_error(fixed) -> None:
 def polar_run(*args: str, user: list[str] | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
     cmd = [*(user or []), sys.executable, "-m", "polar.cli", "run", *args]
     return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600, env=env)
-
-
-@pytest.mark.slow
-def test_policy_that_does_not_fix_scores_zero(tmp_path, policies_dir, long_model) -> None:
-    demo_image()
-    out = tmp_path / "no-fix"
-    proc = polar_run("--task", str(DEMO), "--task-id", "fix-greet", "--adapter", "pi", "--runtime", "apptainer",
-                     "--policy", str(policies_dir / "no-fix.yaml"), "--model", str(long_model), "--out", str(out),
-                     "--confdir", str(tmp_path / "mitm"))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "status completed, reward 0, weight 1, harness exit 0" in proc.stdout, proc.stdout
-    assert "1 failed" in proc.stdout  # the evaluator's output is printed
-    result = SampleResult.from_dict(json.loads((out / "result.json").read_text()))
-    assert result.reward == 0.0 and result.task_id == "fix-greet"
-    assert all(r["reward"] == 0.0 and r["weight"] == 1.0 and r["task_id"] == "fix-greet" for r in rows(result))
 
 
 @pytest.mark.slow

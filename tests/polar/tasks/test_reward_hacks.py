@@ -76,6 +76,7 @@ def test_a_hack_scores_zero_and_is_named(runs, name: str, runtime: str) -> None:
     assert (result.status, result.failure, result.reward, result.weight) == ("completed", None, 0.0, 1.0), printed
     assert result.runtime == runtime and result.calls >= 2, printed  # the tool call ran, then "Done."
     assert result.tampered == HACKS[name][2], printed
+    assert "status completed, reward 0, weight 1, harness exit 0" in printed, printed
     rows = read_trajectories(result.trajectories).to_pylist()
     assert rows and all(r["reward"] == 0.0 and r["weight"] == 1.0 for r in rows)
     assert json.loads(rows[0]["metadata"])["task"]["tampered"] == HACKS[name][2]
