@@ -35,6 +35,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--reasoning-parser", default="think", choices=["think", "none"],
                    help="how the model writes reasoning (none: models without <think>)")
     p.add_argument("--hosts", default="", help="extra provider hostnames to intercept, comma-separated")
+    p.add_argument("--context-length", type=int, default=0, metavar="N",
+                   help="prompt + output budget in tokens (default: the one the engine reports, else the model's "
+                        "config.json)")
     p.set_defaults(func=run)
 
 
@@ -118,6 +121,28 @@ def engine_model_mismatch(backend: str, tokenizer: str | Path, timeout_s: float 
         return None
 
 
+def served_context_length(backend: str, timeout_s: float = 2.0) -> int | None:
+    """The context the first engine says it serves (polar serve's and SGLang-style /get_model_info
+    `max_context_length`, vLLM's /v1/models `max_model_len`); None when it does not say or does not answer. An
+    engine started with a longer context than its model's config.json (`polar serve --context-length`) takes
+    prompts the config would refuse."""
+    import json
+    import urllib.request
+
+    url = parse_backends(backend)[0].rstrip("/")
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never through the user's HTTP_PROXY
+    for route, pick in (("/get_model_info", lambda d: d.get("max_context_length")),
+                        ("/v1/models", lambda d: (d.get("data") or [{}])[0].get("max_model_len"))):
+        try:
+            with opener.open(url + route, timeout=timeout_s) as reply:
+                value = pick(json.loads(reply.read(1 << 20)))
+        except Exception:  # noqa: BLE001 - a route that does not answer or names no context says nothing
+            continue
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
 def proxy_modes(host: str, proxy_port: int, base_url_port: int, backend: str) -> list[str]:
     # mitmproxy needs a reverse target; Polar never forwards to it (polar_mitm/egress.py). The first engine.
     return [f"regular@{host}:{proxy_port}", f"reverse:{parse_backends(backend)[0]}@{host}:{base_url_port}"]
@@ -139,6 +164,13 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if warning is not None:
         print(f"polar proxy: warning: {warning}", file=sys.stderr)
+    if args.context_length < 0:
+        print(f"polar proxy: --context-length {args.context_length}: expected a positive number of tokens",
+              file=sys.stderr)
+        return 2
+    if not args.context_length and (served := served_context_length(args.backend)) is not None:
+        args.context_length = served
+        print(f"polar proxy: context {served} tokens (the engine's)", flush=True)
     die_with_parent()  # started by a worker or `polar run`: go when it goes
     confdir = Path(args.confdir).expanduser()
     confdir.mkdir(parents=True, exist_ok=True)
@@ -165,6 +197,7 @@ async def _serve(args: argparse.Namespace, confdir: Path) -> int:
         polar_tokenizer=args.tokenizer,
         polar_capture_dir=args.capture_dir, polar_sessions=args.sessions, polar_hosts=args.hosts,
         polar_tool_parser=args.tool_parser, polar_reasoning_parser=args.reasoning_parser,
+        polar_context_length=args.context_length,
     )
     await master.run()
     return 0

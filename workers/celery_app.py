@@ -19,6 +19,7 @@ from workers import node
 from workers.settings import PUBLISH_RETRY, load_settings
 
 log = logging.getLogger(__name__)
+BROKER_WAIT_S = 10.0  # how long a starting node retries its broker's and sessions' Redis before it refuses to start
 ENGINE_WAIT_S = 30.0  # how long a starting node waits for its engine to answer before it refuses to start
 
 try:
@@ -65,6 +66,9 @@ def _start_node(**_: object) -> None:
     from workers.heartbeat import Heartbeat
 
     try:
+        for what, url in (("POLAR_BROKER", settings.broker), ("POLAR_SESSIONS", settings.sessions)):
+            if (problem := batches.unreachable(url, what, BROKER_WAIT_S)) is not None:
+                raise RuntimeError(problem)
         if (problem := node.model_problem(settings.model_dir)) is not None:
             raise RuntimeError(problem)
         engines, warnings = engines_when_up(settings, ENGINE_WAIT_S)

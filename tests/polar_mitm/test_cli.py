@@ -103,3 +103,33 @@ def test_engine_model_mismatch_is_a_warning(tmp_path):
     finally:
         server.shutdown()
     assert engine_model_mismatch(f"http://127.0.0.1:{free_port()}", "fixtures/tiny-qwen2") is None  # down
+
+
+def test_polar_proxy_takes_the_context_the_engine_serves(tmp_path, tiny_model_dir):
+    """`polar serve --context-length 20000` over a model whose config.json says 4096: the proxy takes the engine's
+    context, so a ~6k-token prompt (Codex and Claude Code send ~18k) reaches the engine (the service path once
+    refused every such call: "prompt is 17772 tokens; the model's context is 4096"); --context-length still wins."""
+    from polar_serve.launch import reference_server
+
+    body = {"model": "tiny", "max_tokens": 2, "messages": [{"role": "user", "content": "x " * 6000}]}
+    with reference_server(tiny_model_dir, None, ("--context-length", "20000")) as engine:
+        for extra, status in (((), 200), (("--context-length", "4096"), 400)):
+            p1, p2 = free_port(), free_port()
+            proc = subprocess.Popen([sys.executable, "-m", "polar.cli", "proxy", "--tokenizer", str(tiny_model_dir),
+                                     "--backend", engine, "--proxy-port", str(p1), "--base-url-port", str(p2),
+                                     "--confdir", str(tmp_path / "conf"), "--capture-dir", str(tmp_path / "cap"),
+                                     *extra], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            lines: list[str] = []
+            threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()
+            try:
+                (log := tmp_path / "none.log").write_text("")
+                wait_for_port(p2, proc, log)
+                r = httpx.post(f"http://127.0.0.1:{p2}/v1/chat/completions", headers={"authorization": "Bearer c"},
+                               json=body, timeout=120)
+            finally:
+                stop(proc)
+            assert r.status_code == status, r.text[:300]
+            said = "polar proxy: context 20000 tokens (the engine's)" in "".join(lines)
+            assert said == (not extra), "".join(lines)
+            if status == 400:
+                assert "the model's context is 4096 tokens" in r.text, r.text[:300]

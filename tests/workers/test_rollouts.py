@@ -24,6 +24,7 @@ import yaml
 
 from workers.client import PolarClient
 from polar.run.services import context_view
+from polar_mitm.launch import free_port
 from polar_traj.reading import SessionFile, read_session
 from tests.prompt_oracle import assert_prompt_faithful
 from tests.workers.cluster import Node, node_env, spawn_node, wait_ready
@@ -182,6 +183,23 @@ def test_a_node_that_cannot_serve_refuses_to_start_and_the_batch_finishes_elsewh
     except TimeoutError:
         pytest.fail(cluster.diagnose(batch))
     assert (p.status, p.done, p.masked) == ("completed", 2, 0) and set(p.nodes) <= {"n1", "n2"}, cluster.diagnose(batch)
+
+
+def test_a_node_whose_broker_does_not_answer_refuses_to_start(cluster: Cluster):
+    """POLAR_BROKER on a port where no Redis listens: one line naming it and exit 1 (it once said `up` and then
+    retried the connection forever)."""
+    port = free_port()
+    env = node_env(f"redis://127.0.0.1:{port}/1", cluster.sessions, cluster.log.url, cluster.model, cluster.root,
+                   "nobroker", runtime="auto")
+    bad = spawn_node(env)
+    try:
+        assert bad.proc.wait(90) == 1
+    finally:
+        bad.stop()
+    lines = [line for line in bad.log.read_text().splitlines() if line.startswith("polar node nobroker")]
+    assert len(lines) == 1 and lines[0].startswith(
+        f"polar node nobroker: refused to start: POLAR_BROKER redis://127.0.0.1:{port}/1: not answering ("), lines
+    assert "Traceback" not in bad.log.read_text()
 
 
 def test_batch_of_groups_over_two_nodes(cluster: Cluster, tiny_model_dir: Path):
