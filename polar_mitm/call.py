@@ -11,8 +11,8 @@ from polar_mitm.conversation import Completion, Conversation, Message, ReplyEven
 from polar_mitm.detok import Detokenizer
 from polar_mitm.engine_api import EngineOutput
 from polar_mitm.prompt import CallTokens, Prompt
+from polar_mitm.providers.routes import Route
 from polar_mitm.reply_parser import ReplyParser, finish_reason
-from polar_mitm.routes import Route
 from polar_mitm.sessions import Session
 from polar_traj.records import CallRecord
 

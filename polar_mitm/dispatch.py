@@ -18,8 +18,8 @@ from polar_mitm.engine_api import EngineError, apply_chunk, engine_request
 from polar_mitm.engine_client import EngineFailure, engine_json, engine_refused
 from polar_mitm.model import Model
 from polar_mitm.prompt import SessionHistory
-from polar_mitm.provider_responses import error_response, json_response
 from polar_mitm.providers import CODECS
+from polar_mitm.providers.responses import error_response, json_response
 from polar_mitm.replicas import Engines, Replica
 from polar_mitm.sampling import apply_fixed
 from polar_mitm.session_cache import SessionCache

@@ -10,8 +10,8 @@ from mitmproxy import ctx, http
 from mitmproxy.exceptions import OptionsError
 from mitmproxy.proxy.mode_specs import ReverseMode
 
-from polar_mitm.provider_responses import error_response, family_api
-from polar_mitm.routes import PROVIDER_HOSTS, family_of, match_route
+from polar_mitm.providers.responses import error_response, family_api
+from polar_mitm.providers.routes import PROVIDER_HOSTS, family_of, match_route
 
 _LABEL = r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?"
 # A public DNS name: at least two labels, the last one alphabetic (so never an IP literal).

@@ -20,10 +20,10 @@ from polar_mitm.conversation import Conversation, ProviderError
 from polar_mitm.egress import Egress, _Refused
 from polar_mitm.fence import Fence
 from polar_mitm.guard import Guard, request_headers
-from polar_mitm.provider_responses import error_response, family_api
+from polar_mitm.providers.responses import error_response, family_api
+from polar_mitm.providers.routes import family_of
 from polar_mitm.quotas import SessionQuotas
 from polar_mitm.router import Router
-from polar_mitm.routes import family_of
 from polar_mitm.sessions import redis_url_of
 
 log = logging.getLogger(__name__)

@@ -27,8 +27,8 @@ from polar_mitm.engines import parse_backends, parse_placement
 from polar_mitm.fence import Fence
 from polar_mitm.model import load_model
 from polar_mitm.prompt import SessionHistory
-from polar_mitm.provider_responses import error_response, json_response
 from polar_mitm.providers import CODECS
+from polar_mitm.providers.responses import error_response, json_response
 from polar_mitm.quotas import SessionQuotas
 from polar_mitm.relay import StreamRelay
 from polar_mitm.replicas import Engines

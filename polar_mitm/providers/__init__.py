@@ -1,4 +1,5 @@
-"""Provider codecs: one module per API, all with the same interface.
+"""Provider codecs: one module per API, all with the same interface; beside them, which API a request path
+speaks (routes.py) and mitmproxy answers in a provider's own shape (responses.py).
 
     API: str
     parse_request(body: dict, path: str) -> Conversation            # raises ProviderError(400, …)

@@ -1,6 +1,6 @@
 import pytest
 
-from polar_mitm.routes import Route, family_of, match_route
+from polar_mitm.providers.routes import Route, family_of, match_route
 
 
 @pytest.mark.parametrize(
