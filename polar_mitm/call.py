@@ -9,7 +9,7 @@ from typing import Any
 
 from polar_mitm.conversation import Completion, Conversation, Message, ReplyEvent
 from polar_mitm.detok import Detokenizer
-from polar_mitm.engine_api import EngineOutput
+from polar_mitm.engines.api import EngineOutput
 from polar_mitm.prompt import CallTokens, Prompt
 from polar_mitm.providers.routes import Route
 from polar_mitm.reply_parser import ReplyParser, finish_reason
@@ -36,7 +36,7 @@ class Call:
     engine_request: tuple[str, dict[str, Any]] | None = None  # (path, body) for the engine's token API
     flags: list[str] = field(default_factory=list)  # e.g. "template_dropped_tools", "truncated"
     recorded: bool = False
-    engine: str | None = None  # the replica's URL (polar_mitm/replicas.py)
+    engine: str | None = None  # the replica's URL (polar_mitm/engines/replicas.py)
     raw_body: bytes = b""  # the body as received, kept only until the call is sent (for a refused call's record)
     large: bool = False  # its parsing, prompt and record are worked off the event loop (dispatch.OFF_LOOP_BYTES)
 

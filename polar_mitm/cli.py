@@ -6,7 +6,7 @@ import asyncio
 import sys
 from pathlib import Path
 
-from polar_mitm.engines import parse_backends
+from polar_mitm.engines.backends import parse_backends
 from polar_mitm.harness_env import harness_env, write_ca_bundle
 from polar_mitm.launch import die_with_parent
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from polar_mitm.engines import parse_backends
+from polar_mitm.engines.backends import parse_backends
 
 ADDON = Path(__file__).resolve().parent / "addon.py"
 

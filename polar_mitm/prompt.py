@@ -198,7 +198,7 @@ class SessionHistory:
     def __init__(self, evicted: bool = False) -> None:
         self._calls: dict[bytes, CallTokens] = {}
         self.evicted = evicted  # an earlier history of this session was dropped to bound memory
-        self.engine: str | None = None  # the replica the session is placed on (polar_mitm/replicas.py)
+        self.engine: str | None = None  # the replica the session is placed on (polar_mitm/engines/replicas.py)
         self.moved = False
 
     def move_to(self, url: str) -> None:

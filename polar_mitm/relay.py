@@ -18,8 +18,8 @@ from polar_mitm.call import Call
 from polar_mitm.capture import CaptureError
 from polar_mitm.conversation import ProviderError
 from polar_mitm.dispatch import Dispatcher
-from polar_mitm.engine_client import EngineFailure, chunks, engine_json, engine_refused
-from polar_mitm.replicas import Replica
+from polar_mitm.engines.client import EngineFailure, chunks, engine_json, engine_refused
+from polar_mitm.engines.replicas import Replica
 from polar_mitm.streaming import StreamTranslator
 
 log = logging.getLogger(__name__)

@@ -21,9 +21,10 @@ from polar_mitm import call as calls
 from polar_mitm.capture import Capture, CaptureError
 from polar_mitm.conversation import Conversation, ProviderError
 from polar_mitm.dispatch import OFF_LOOP_BYTES, Dispatcher
-from polar_mitm.engine_api import parse_engine
-from polar_mitm.engine_client import Timeouts
-from polar_mitm.engines import parse_backends, parse_placement
+from polar_mitm.engines.api import parse_engine
+from polar_mitm.engines.backends import parse_backends, parse_placement
+from polar_mitm.engines.client import Timeouts
+from polar_mitm.engines.replicas import Engines
 from polar_mitm.fence import Fence
 from polar_mitm.model import load_model
 from polar_mitm.prompt import SessionHistory
@@ -31,7 +32,6 @@ from polar_mitm.providers import CODECS
 from polar_mitm.providers.responses import error_response, json_response
 from polar_mitm.quotas import SessionQuotas
 from polar_mitm.relay import StreamRelay
-from polar_mitm.replicas import Engines
 from polar_mitm.session_cache import SessionCache
 from polar_mitm.sessions import redis_url_of, watch_ended
 from polar_traj.captures import loads_line

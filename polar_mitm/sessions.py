@@ -17,7 +17,7 @@ from typing import Protocol
 from urllib.parse import parse_qs, urlsplit
 
 from polar_mitm.conversation import Sampling
-from polar_mitm.engines import placement_key
+from polar_mitm.engines.backends import placement_key
 from polar_mitm.sampling import parse_sampling, sampling_dict
 from polar_traj.records import ID_PATTERN, check_id
 

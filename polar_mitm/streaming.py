@@ -7,7 +7,7 @@ from typing import Awaitable, Callable
 from polar_mitm.call import Call, completion_of, feed_ids, finish_events
 from polar_mitm.capture import CaptureError
 from polar_mitm.conversation import ProviderError
-from polar_mitm.engine_api import EngineError, SSEDecoder, apply_chunk
+from polar_mitm.engines.api import EngineError, SSEDecoder, apply_chunk
 from polar_mitm.providers import CODECS
 
 log = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ from typing import Sequence
 from polar.run.services import ProxyHandle
 from polar.sandbox.runtime import resolve_runtime
 from polar_mitm.cli import model_mismatch, served_models
-from polar_mitm.engines import parse_backends
+from polar_mitm.engines.backends import parse_backends
 from workers.settings import WorkerSettings
 
 

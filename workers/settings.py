@@ -31,7 +31,7 @@ from typing import Mapping
 from urllib.parse import urlsplit, urlunsplit
 
 from polar.sandbox.runtime import RUNTIMES
-from polar_mitm.engines import parse_backends
+from polar_mitm.engines.backends import parse_backends
 from polar_traj.records import check_id
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -9,7 +9,7 @@ import pytest
 
 from tests.polar_mitm.conftest import free_port, start_proxy, stop
 from tests.polar_mitm.stub_engine import StubEngine
-from tests.polar_mitm.test_replicas import records, run_sessions
+from tests.polar_mitm.engines.test_replicas import records, run_sessions
 
 
 @pytest.fixture(scope="module")

@@ -1,9 +1,9 @@
-"""The engines' option values of polar_mitm/engines.py."""
+"""The engines' option values of polar_mitm/engines/backends.py."""
 from __future__ import annotations
 
 import pytest
 
-from polar_mitm.engines import parse_backends
+from polar_mitm.engines.backends import parse_backends
 
 A, B = "http://127.0.0.1:30000", "http://127.0.0.1:30001"
 

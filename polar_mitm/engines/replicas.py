@@ -20,8 +20,8 @@ from typing import Callable, Protocol
 import aiohttp
 
 from polar_mitm.conversation import ProviderError
-from polar_mitm.engine_client import EngineClient, Timeouts
-from polar_mitm.engines import placement_key
+from polar_mitm.engines.backends import placement_key
+from polar_mitm.engines.client import EngineClient, Timeouts
 
 log = logging.getLogger(__name__)
 PROBE_TIMEOUT_S = 5.0

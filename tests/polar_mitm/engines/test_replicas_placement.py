@@ -1,4 +1,4 @@
-"""Placement rules of polar_mitm/replicas.py, without processes: which replica a session gets, when it moves,
+"""Placement rules of polar_mitm/engines/replicas.py, without processes: which replica a session gets, when it moves,
 and what a single engine does when it is marked down."""
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import asyncio
 import pytest
 
 from polar_mitm.conversation import ProviderError
-from polar_mitm.engine_client import Timeouts
+from polar_mitm.engines.client import Timeouts
+from polar_mitm.engines.replicas import Engines, EnginePool
 from polar_mitm.prompt import SessionHistory
-from polar_mitm.replicas import Engines, EnginePool
 
 A, B, C = "http://127.0.0.1:30000", "http://127.0.0.1:30001", "http://127.0.0.1:30002"
 

@@ -1,6 +1,6 @@
 """The engines a proxy is given, as plain values (no I/O, no aiohttp): their URLs (`polar_backend`), the
 placement rule for new sessions (`polar_engine_placement`), and the Redis key of a session's placement. The
-live replicas are in polar_mitm/replicas.py."""
+live replicas are in polar_mitm/engines/replicas.py."""
 from __future__ import annotations
 
 from urllib.parse import urlsplit

@@ -21,7 +21,7 @@ from polar_traj.capture_reader import read_capture
 from tests.polar_mitm.conftest import free_port, start_proxy, stop
 from tests.redis_server import redis_server
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 ECHO = ROOT / "fixtures" / "policies" / "echo.yaml"
 
 

@@ -3,7 +3,7 @@ import json
 import pytest
 
 from polar_mitm.conversation import Sampling
-from polar_mitm.engine_api import EngineError, EngineOutput, SSEDecoder, apply_chunk, engine_request, parse_engine
+from polar_mitm.engines.api import EngineError, EngineOutput, SSEDecoder, apply_chunk, engine_request, parse_engine
 
 
 def test_sglang_request_carries_ids_and_asks_for_logprobs():
