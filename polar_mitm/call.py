@@ -8,12 +8,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from polar_mitm.conversation import Completion, Conversation, Message, ReplyEvent
-from polar_mitm.detok import Detokenizer
 from polar_mitm.engines.api import EngineOutput
-from polar_mitm.prompt import CallTokens, Prompt
 from polar_mitm.providers.routes import Route
-from polar_mitm.reply_parser import ReplyParser, finish_reason
 from polar_mitm.sessions import Session
+from polar_mitm.tokens.detok import Detokenizer
+from polar_mitm.tokens.prompt import CallTokens, Prompt
+from polar_mitm.tokens.reply_parser import ReplyParser, finish_reason
 from polar_traj.records import CallRecord
 
 # A call refused before it reached the engine keeps at most this much of its body in its record (with the

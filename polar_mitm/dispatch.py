@@ -17,12 +17,12 @@ from polar_mitm.conversation import ProviderError
 from polar_mitm.engines.api import EngineError, apply_chunk, engine_request
 from polar_mitm.engines.client import EngineFailure, engine_json, engine_refused
 from polar_mitm.engines.replicas import Engines, Replica
-from polar_mitm.model import Model
-from polar_mitm.prompt import SessionHistory
 from polar_mitm.providers import CODECS
 from polar_mitm.providers.responses import error_response, json_response
 from polar_mitm.sampling import apply_fixed
 from polar_mitm.session_cache import SessionCache
+from polar_mitm.tokens.model import Model
+from polar_mitm.tokens.prompt import SessionHistory
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -16,8 +16,8 @@ from typing import Any, Callable
 import pytest
 from transformers import AutoTokenizer
 
-from polar_mitm.prompt import ChatRenderer
 from polar_mitm.providers import codec
+from polar_mitm.tokens.prompt import ChatRenderer
 from polar_traj.records import CallRecord
 from tests.prompt_oracle import assert_prompt_faithful
 

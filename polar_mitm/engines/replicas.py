@@ -175,7 +175,7 @@ class SharedPlacement:
 
 
 class Placed(Protocol):
-    """The per-session state that remembers its replica (polar_mitm.prompt.SessionHistory)."""
+    """The per-session state that remembers its replica (polar_mitm.tokens.prompt.SessionHistory)."""
 
     engine: str | None
 

@@ -8,7 +8,7 @@ from typing import Any, Callable
 import httpx
 
 from polar_mitm.conversation import Completion, Message
-from polar_mitm.reply_parser import ReplyParser, finish_reason, parse_reply
+from polar_mitm.tokens.reply_parser import ReplyParser, finish_reason, parse_reply
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "requests"
 BASE_URL = "http://polar.test"

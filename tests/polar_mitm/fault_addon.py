@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from mitmproxy import ctx
 
-from polar_mitm import auth, capture, dispatch, guard, prompt, streaming
+from polar_mitm import auth, capture, dispatch, guard, streaming
 from polar_mitm.providers import CODECS
+from polar_mitm.tokens import prompt
 
 
 class InjectedFault(RuntimeError):

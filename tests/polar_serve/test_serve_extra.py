@@ -41,7 +41,7 @@ def test_serve_names_the_extra_without_torch(no_torch_env, tiny_model_dir):
 
 
 def test_proxy_model_and_workers_load_without_torch(no_torch_env, tiny_model_dir):
-    code = (f"from polar_mitm.model import load_model\n"
+    code = (f"from polar_mitm.tokens.model import load_model\n"
             f"m = load_model({str(tiny_model_dir)!r}, 'hermes', 'think')\n"
             f"print(len(m.tokenizer.encode('hello polar')))\n"
             f"import polar_mitm.addon, polar_traj.pipeline, polar.report.cli, workers\n"

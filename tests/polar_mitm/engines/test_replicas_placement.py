@@ -9,7 +9,7 @@ import pytest
 from polar_mitm.conversation import ProviderError
 from polar_mitm.engines.client import Timeouts
 from polar_mitm.engines.replicas import Engines, EnginePool
-from polar_mitm.prompt import SessionHistory
+from polar_mitm.tokens.prompt import SessionHistory
 
 A, B, C = "http://127.0.0.1:30000", "http://127.0.0.1:30001", "http://127.0.0.1:30002"
 

@@ -16,7 +16,7 @@ import orjson
 from jinja2 import TemplateError
 
 from polar_mitm.conversation import Conversation, Message, ProviderError, Tool
-from polar_mitm.prefix_cache import PrefixCache, RenderCache, split_tokens
+from polar_mitm.tokens.prefix_cache import PrefixCache, RenderCache, split_tokens
 
 # A fixed stand-in history: the delta of new messages is rendered after it and cut off, so the
 # per-turn template work does not grow with the real history.

@@ -4,7 +4,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from polar_mitm.conversation import Conversation, Message, Tool, ToolCall
-from polar_mitm.prompt import CallTokens, ChatRenderer, SessionHistory, to_template_messages, to_template_tools
+from polar_mitm.tokens.prompt import CallTokens, ChatRenderer, SessionHistory, to_template_messages, to_template_tools
 
 SHELL = Tool("shell", "Run a command", {"type": "object", "properties": {"command": {"type": "string"}}})
 

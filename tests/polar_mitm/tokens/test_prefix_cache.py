@@ -1,4 +1,4 @@
-"""The shared rendered-prefix cache (polar_mitm/prefix_cache.py): a first call whose system prompt and tools
+"""The shared rendered-prefix cache (polar_mitm/tokens/prefix_cache.py): a first call whose system prompt and tools
 another session already sent gets them from the cache, and its ids are exactly the chat template's; memory
 stays bounded; a tokenizer that does not split at special tokens gets no cache."""
 from __future__ import annotations
@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from polar_mitm.model import load_model
-from polar_mitm.prefix_cache import PrefixCache, split_tokens
-from polar_mitm.prompt import to_template_messages, to_template_tools
 from polar_mitm.providers import CODECS
+from polar_mitm.tokens.model import load_model
+from polar_mitm.tokens.prefix_cache import PrefixCache, split_tokens
+from polar_mitm.tokens.prompt import to_template_messages, to_template_tools
 from tests.prompt_oracle import assert_prompt_faithful
 
 SYSTEM = "You are a coding agent working in a terminal. Think before each step; run the tests. " * 60

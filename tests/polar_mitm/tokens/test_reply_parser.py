@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from polar_mitm.conversation import ContentDelta, ReasoningDelta, ToolCall, ToolCallDone
-from polar_mitm.reply_parser import (
+from polar_mitm.tokens.reply_parser import (
     UNCLOSED_REASONING,
     UNPARSED_TOOL_CALL,
     ParsedReply,

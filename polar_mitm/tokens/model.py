@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from polar_mitm.conversation import Conversation, Message, Tool, ToolCall
-from polar_mitm.detok import Detokenizer
-from polar_mitm.prompt import ChatRenderer
-from polar_mitm.reply_parser import ReplyParser
+from polar_mitm.tokens.detok import Detokenizer
+from polar_mitm.tokens.prompt import ChatRenderer
+from polar_mitm.tokens.reply_parser import ReplyParser
 
 TOOL_PARSERS = ("hermes", "qwen3_coder")
 REASONING_PARSERS = ("think", "none")
