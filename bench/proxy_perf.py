@@ -41,7 +41,7 @@ from bench.peers import (LITELLM, MODEL, REPLY, STREAM_TOKENS, TOKEN_DELAY_MS, l
                          chat_body, closed_loop, first_token_ms, in_namespace, litellm_service, machine, measure,
                          proc_tree_cpu_ms, reply_ids, service)
 from polar_mitm.launch import free_port, proxy_process  # noqa: E402
-from polar_mitm.sessions import hashed_id  # noqa: E402
+from polar_mitm.sessions.registry import hashed_id  # noqa: E402
 from polar_traj.capture_reader import read_capture  # noqa: E402
 
 CHAT = "/v1/chat/completions"

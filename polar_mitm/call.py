@@ -10,7 +10,7 @@ from typing import Any
 from polar_mitm.conversation import Completion, Conversation, Message, ReplyEvent
 from polar_mitm.engines.api import EngineOutput
 from polar_mitm.providers.routes import Route
-from polar_mitm.sessions import Session
+from polar_mitm.sessions.registry import Session
 from polar_mitm.tokens.detok import Detokenizer
 from polar_mitm.tokens.prompt import CallTokens, Prompt
 from polar_mitm.tokens.reply_parser import ReplyParser, finish_reason

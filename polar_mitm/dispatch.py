@@ -19,8 +19,8 @@ from polar_mitm.engines.client import EngineFailure, engine_json, engine_refused
 from polar_mitm.engines.replicas import Engines, Replica
 from polar_mitm.providers import CODECS
 from polar_mitm.providers.responses import error_response, json_response
-from polar_mitm.sampling import apply_fixed
-from polar_mitm.session_cache import SessionCache
+from polar_mitm.sessions.cache import SessionCache
+from polar_mitm.sessions.sampling import apply_fixed
 from polar_mitm.tokens.model import Model
 from polar_mitm.tokens.prompt import SessionHistory
 
@@ -130,7 +130,7 @@ class Dispatcher:
         call.detok, call.parser = model.new_decoder(call.call_id)
         dropped = model.dropped_by_template(call.conv)
         call.flags.extend(dropped)
-        call.flags.extend(overridden)  # the trainer's sampling, not the request's (polar_mitm/sampling.py)
+        call.flags.extend(overridden)  # the trainer's sampling, not the request's (polar_mitm/sessions/sampling.py)
         if dropped and key not in self._warned:
             if len(self._warned) > 10_000:
                 self._warned.clear()

@@ -24,7 +24,7 @@ from polar_mitm.providers.responses import error_response, family_api
 from polar_mitm.providers.routes import family_of
 from polar_mitm.quotas import SessionQuotas
 from polar_mitm.router import Router
-from polar_mitm.sessions import redis_url_of
+from polar_mitm.sessions.registry import redis_url_of
 
 log = logging.getLogger(__name__)
 

@@ -30,8 +30,8 @@ from polar_mitm.providers import CODECS
 from polar_mitm.providers.responses import error_response, json_response
 from polar_mitm.quotas import SessionQuotas
 from polar_mitm.relay import StreamRelay
-from polar_mitm.session_cache import SessionCache
-from polar_mitm.sessions import redis_url_of, watch_ended
+from polar_mitm.sessions.cache import SessionCache
+from polar_mitm.sessions.registry import redis_url_of, watch_ended
 from polar_mitm.tokens.model import load_model
 from polar_mitm.tokens.prompt import SessionHistory
 from polar_traj.captures import loads_line

@@ -10,7 +10,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, TextIO
 
-from polar_mitm.sampling import add_sampling_args, sampling_from_args
+from polar_mitm.sessions.sampling import add_sampling_args, sampling_from_args
 from workers.settings import DEFAULT_BROKER, sessions_url
 
 

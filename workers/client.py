@@ -76,7 +76,7 @@ class PolarClient:
                strategy: str = "prefix_merge", tasks_root: str | Path | None = None) -> "Batch":
         """Queue `group_size` samples of every task in the tasks file (YAML or JSONL, polar.tasks.spec).
         `sampling`: some of temperature, top_p, top_k, max_tokens, seed, used for every LLM call of the batch
-        whatever the agent's requests ask for (polar_mitm/sampling.py). `strategy`: prefix_merge (one row per
+        whatever the agent's requests ask for (polar_mitm/sessions/sampling.py). `strategy`: prefix_merge (one row per
         append-only chain) or per_request (one row per LLM call). `tasks_root`: where the tasks' paths may lead
         (polar/tasks/roots.py; recorded in the manifest, so every node holds the batch to it)."""
         from polar.harness.adapters import load_adapter

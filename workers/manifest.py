@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from polar_mitm.sampling import parse_sampling, sampling_dict
+from polar_mitm.sessions.sampling import parse_sampling, sampling_dict
 from polar_traj import atomic
 from polar_traj.records import check_id
 from polar_traj.schema import STRATEGIES
@@ -46,7 +46,7 @@ class Manifest:
     min_groups: int | None = None
     max_staleness: int | None = None
     created: float = field(default_factory=time.time)
-    sampling: dict[str, Any] | None = None  # fixed for every LLM call of the batch (polar_mitm/sampling.py)
+    sampling: dict[str, Any] | None = None  # fixed for every LLM call of the batch (polar_mitm/sessions/sampling.py)
     strategy: str = "prefix_merge"  # how each sample's trajectories are built: prefix_merge | per_request
     tasks_roots: tuple[str, ...] | None = None  # where its tasks' paths may lead (polar/tasks/roots.py)
 

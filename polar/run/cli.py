@@ -21,7 +21,7 @@ from polar.sandbox.supervisor import supervising
 from polar.tasks.evaluate import EvaluatorCrash
 from polar.tasks.spec import TaskError, TaskSpec, load_tasks, select_task
 from polar_mitm.cli import engine_model_mismatch, tokenizer_problem
-from polar_mitm.sampling import FIXABLE, add_sampling_args, sampling_from_args
+from polar_mitm.sessions.sampling import FIXABLE, add_sampling_args, sampling_from_args
 
 DEFAULT_MODEL = ROOT / "fixtures" / "tiny-qwen2"
 

@@ -64,7 +64,8 @@ class SampleConfig:
     model: str | None = None  # model name the harness asks for; default: the adapter's
     confdir: Path = DEFAULT_CONFDIR  # CA dir of a proxy started by run_sample
     tools_bin: tuple[Path, ...] = (TOOLS_BIN, HARNESS_BIN)  # as polar run; Apptainer binds only .tools/npm
-    sampling: dict[str, Any] | None = None  # fixed for every LLM call (polar_mitm/sampling.py); None: the request's
+    # fixed for every LLM call (polar_mitm/sessions/sampling.py); None: the request's
+    sampling: dict[str, Any] | None = None
     strategy: str = "prefix_merge"  # trajectories: prefix_merge | per_request (polar_traj.build)
 
 
@@ -299,7 +300,7 @@ def cleanup_sample(sample_dir: Path) -> None:
     done, sessions = state.cleaned, state.proxy.sessions
     if state.session and sessions != "open" and not done.get("session"):
         try:
-            from polar_mitm.sessions import unregister_session  # lazy: it brings aiohttp (0.3 s)
+            from polar_mitm.sessions.registry import unregister_session  # lazy: it brings aiohttp (0.3 s)
 
             unregister_session(sessions, state.session.token)
         except Exception as e:  # noqa: BLE001

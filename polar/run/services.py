@@ -17,8 +17,8 @@ from urllib.parse import urlsplit
 from polar.sandbox import supervisor
 from polar_traj import atomic
 from polar_mitm.launch import PARENT_ENV, PORT_ATTEMPTS, free_port, port_taken, stop, wait_for_file, wait_for_port
-from polar_mitm.sampling import parse_sampling, session_sampling
-from polar_mitm.sessions import register_session
+from polar_mitm.sessions.registry import register_session
+from polar_mitm.sessions.sampling import parse_sampling, session_sampling
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -67,7 +67,7 @@ class Session:
 def new_session(proxy: ProxyHandle, task_id: str, session_id: str, max_calls: int | None = None,
                 sampling: dict[str, Any] | None = None) -> Session:
     """A registered session (Redis) or, in open mode, a fresh name and secret. `max_calls`: the session's LLM call
-    cap; `sampling`: values every call is sampled with (polar_mitm/sampling.py). Open mode has no registry to
+    cap; `sampling`: values every call is sampled with (polar_mitm/sessions/sampling.py). Open mode has no registry to
     carry them: it enforces no cap, and fixed sampling is refused (ValueError)."""
     fixed = parse_sampling(sampling)
     if proxy.sessions == "open":

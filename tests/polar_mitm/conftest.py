@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from polar_mitm.sessions import hashed_id
+from polar_mitm.sessions.registry import hashed_id
 
 from polar_mitm import launch
 from polar_mitm.launch import free_port, stop  # noqa: F401  (tests import both from here)

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from polar_mitm.capture import Capture, GroupWriter
-from polar_mitm.sessions import hashed_id
+from polar_mitm.sessions.registry import hashed_id
 from polar_traj.capture_reader import read_capture
 from polar_traj.records import append_record
 from tests.polar_mitm.conftest import start_proxy, stop

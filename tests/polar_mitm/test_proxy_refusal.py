@@ -7,7 +7,7 @@ import httpx
 import pytest
 
 from polar_mitm.launch import stop
-from polar_mitm.sessions import register_session
+from polar_mitm.sessions.registry import register_session
 from tests.polar_mitm.conftest import CountingListener, free_port, start_proxy
 from tests.redis_server import redis_server
 

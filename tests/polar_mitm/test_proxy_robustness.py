@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from polar_mitm.launch import stop
-from polar_mitm.sessions import hashed_id
+from polar_mitm.sessions.registry import hashed_id
 from tests.polar_mitm.conftest import start_proxy
 from tests.polar_mitm.provider_requests import APIS, is_provider_error, provider_request, send, stream_error
 from tests.polar_mitm.stub_engine import StubEngine

@@ -18,7 +18,7 @@ import redis
 
 from polar_mitm.guard import parse_hosts
 from polar_mitm.launch import ADDON, free_port, stop
-from polar_mitm.sessions import REDIS_PREFIX, register_session, unregister_session
+from polar_mitm.sessions.registry import REDIS_PREFIX, register_session, unregister_session
 from polar_traj.records import record_path
 from tests.polar_mitm.conftest import needs_root, start_proxy
 from tests.polar_mitm.provider_requests import is_provider_error

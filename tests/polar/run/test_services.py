@@ -8,7 +8,7 @@ import pytest
 import redis
 
 from polar.run.services import ProxyHandle, context_view, new_session
-from polar_mitm.sessions import REDIS_PREFIX
+from polar_mitm.sessions.registry import REDIS_PREFIX
 
 
 def test_context_view(tmp_path, tiny_model_dir):

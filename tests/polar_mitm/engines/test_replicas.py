@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from polar_mitm.sessions import hashed_id, register_session, unregister_session
+from polar_mitm.sessions.registry import hashed_id, register_session, unregister_session
 from polar_traj.capture_reader import read_capture
 from tests.polar_mitm.conftest import free_port, start_proxy, stop
 from tests.redis_server import redis_server

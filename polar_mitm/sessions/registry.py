@@ -18,7 +18,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from polar_mitm.conversation import Sampling
 from polar_mitm.engines.backends import placement_key
-from polar_mitm.sampling import parse_sampling, sampling_dict
+from polar_mitm.sessions.sampling import parse_sampling, sampling_dict
 from polar_traj.records import ID_PATTERN, check_id
 
 log = logging.getLogger(__name__)
@@ -36,7 +36,7 @@ _CREDENTIAL = re.compile(r"[\x21-\x7e]{1,512}")
 class Session:
     task_id: str
     session_id: str
-    sampling: Sampling | None = None  # fixed by the trainer (polar_mitm/sampling.py); None: each request's own
+    sampling: Sampling | None = None  # fixed by the trainer (polar_mitm/sessions/sampling.py); None: each request's own
     max_calls: int | None = None  # LLM calls the session may make; None: no cap
 
 

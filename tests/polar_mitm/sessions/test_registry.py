@@ -3,7 +3,7 @@ import base64
 
 import pytest
 
-from polar_mitm.sessions import (
+from polar_mitm.sessions.registry import (
     Credentials, OpenSessions, Session, api_key_credentials, hashed_id, parse_sessions_spec, proxy_credentials,
     readable_id, session_hint,
 )

@@ -1,6 +1,6 @@
-"""Sampling is the trainer's, not the agent's (polar_mitm/sampling.py): the plain functions, and the real proxy in
-front of a recording stub engine with sessions in a real Redis: fixed sampling overrides what a request asks for
-and is flagged; a session's call cap refuses the calls past it in the provider's error shape, each recorded."""
+"""Sampling is the trainer's, not the agent's (polar_mitm/sessions/sampling.py): the plain functions, and the real
+proxy in front of a recording stub engine with sessions in a real Redis: fixed sampling overrides what a request
+asks for and is flagged; a session's call cap refuses the calls past it in the provider's error shape, each recorded."""
 from __future__ import annotations
 
 import httpx
@@ -8,8 +8,8 @@ import pytest
 
 from polar_mitm.conversation import Sampling
 from polar_mitm.launch import stop
-from polar_mitm.sampling import apply_fixed, parse_sampling, sampling_dict, session_sampling
-from polar_mitm.sessions import register_session, session_of, unregister_session
+from polar_mitm.sessions.registry import register_session, session_of, unregister_session
+from polar_mitm.sessions.sampling import apply_fixed, parse_sampling, sampling_dict, session_sampling
 from tests.polar_mitm.conftest import start_proxy
 from tests.polar_mitm.provider_requests import HOSTS, is_provider_error, provider_request
 from tests.polar_mitm.stub_engine import StubEngine
