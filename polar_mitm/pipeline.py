@@ -13,8 +13,8 @@ import time
 
 from mitmproxy import connection, ctx, http
 
-from polar_mitm import call as calls
 from polar_mitm.auth import SessionAuth
+from polar_mitm.calls import call as calls
 from polar_mitm.capture import Capture
 from polar_mitm.conversation import Conversation, ProviderError
 from polar_mitm.egress import Egress, _Refused

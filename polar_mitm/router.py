@@ -2,9 +2,9 @@
 tokens become the provider's reply (DESIGN.md §1, §5, §8).
 
 Non-streamed calls are sent to the engine by the proxy's own client and answered from the hook; streamed
-calls go to the in-process relay (polar_mitm/relay.py), the only upstream mitmproxy may connect to, which
+calls go to the in-process relay (polar_mitm/calls/relay.py), the only upstream mitmproxy may connect to, which
 streams the engine's tokens back as the provider's SSE. Both hand the call's engine side (replica, prompt,
-retry, record) to one Dispatcher (polar_mitm/dispatch.py). Either way every call ends in a CallRecord."""
+retry, record) to one Dispatcher (polar_mitm/calls/dispatch.py). Either way every call ends in a CallRecord."""
 from __future__ import annotations
 
 import json
@@ -17,10 +17,11 @@ from typing import Any
 from mitmproxy import ctx, http
 from mitmproxy.exceptions import OptionsError
 
-from polar_mitm import call as calls
+from polar_mitm.calls import call as calls
+from polar_mitm.calls.dispatch import OFF_LOOP_BYTES, Dispatcher
+from polar_mitm.calls.relay import StreamRelay
 from polar_mitm.capture import Capture, CaptureError
 from polar_mitm.conversation import Conversation, ProviderError
-from polar_mitm.dispatch import OFF_LOOP_BYTES, Dispatcher
 from polar_mitm.engines.api import parse_engine
 from polar_mitm.engines.backends import parse_backends, parse_placement
 from polar_mitm.engines.client import Timeouts
@@ -29,7 +30,6 @@ from polar_mitm.fence import Fence
 from polar_mitm.providers import CODECS
 from polar_mitm.providers.responses import error_response, json_response
 from polar_mitm.quotas import SessionQuotas
-from polar_mitm.relay import StreamRelay
 from polar_mitm.sessions.cache import SessionCache
 from polar_mitm.sessions.registry import redis_url_of, watch_ended
 from polar_mitm.tokens.model import load_model

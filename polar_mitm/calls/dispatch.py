@@ -1,4 +1,4 @@
-"""A call's engine side, shared by the router (polar_mitm/router.py) and the stream relay (polar_mitm/relay.py):
+"""A call's engine side, shared by the router (polar_mitm/router.py) and the stream relay (polar_mitm/calls/relay.py):
 its replica (placement, and a retry on another replica when one fails before answering), its prompt and engine
 request, the non-streamed answer, and the one record every call ends in."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any, Awaitable, Callable, TypeVar
 
 from mitmproxy import http
 
-from polar_mitm import call as calls
+from polar_mitm.calls import call as calls
 from polar_mitm.capture import Capture, CaptureError
 from polar_mitm.conversation import ProviderError
 from polar_mitm.engines.api import EngineError, apply_chunk, engine_request

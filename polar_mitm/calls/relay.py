@@ -14,13 +14,13 @@ import aiohttp
 from aiohttp import web
 from mitmproxy import http
 
-from polar_mitm.call import Call
+from polar_mitm.calls.call import Call
+from polar_mitm.calls.dispatch import Dispatcher
+from polar_mitm.calls.streaming import StreamTranslator
 from polar_mitm.capture import CaptureError
 from polar_mitm.conversation import ProviderError
-from polar_mitm.dispatch import Dispatcher
 from polar_mitm.engines.client import EngineFailure, chunks, engine_json, engine_refused
 from polar_mitm.engines.replicas import Replica
-from polar_mitm.streaming import StreamTranslator
 
 log = logging.getLogger(__name__)
 SECRET_HEADER = "x-polar-relay"

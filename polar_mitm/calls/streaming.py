@@ -4,7 +4,7 @@ from __future__ import annotations
 import logging
 from typing import Awaitable, Callable
 
-from polar_mitm.call import Call, completion_of, feed_ids, finish_events
+from polar_mitm.calls.call import Call, completion_of, feed_ids, finish_events
 from polar_mitm.capture import CaptureError
 from polar_mitm.conversation import ProviderError
 from polar_mitm.engines.api import EngineError, SSEDecoder, apply_chunk
