@@ -144,7 +144,7 @@ def served_context_length(backend: str, timeout_s: float = 2.0) -> int | None:
 
 
 def proxy_modes(host: str, proxy_port: int, base_url_port: int, backend: str) -> list[str]:
-    # mitmproxy needs a reverse target; Polar never forwards to it (polar_mitm/egress.py). The first engine.
+    # mitmproxy needs a reverse target; Polar never forwards to it (polar_mitm/gate/egress.py). The first engine.
     return [f"regular@{host}:{proxy_port}", f"reverse:{parse_backends(backend)[0]}@{host}:{base_url_port}"]
 
 

@@ -89,7 +89,7 @@ def start_proxy(workdir: Path, backend: str, model_dir: Path, *extra: str, hosts
 
     `hosts_file` (tests, root only): run it in a private mount namespace where that file is /etc/hosts, so a
     provider hostname can point at a local listener. `reverse_target`: the base-URL listener's target
-    (default the engine; Polar never forwards to it, see polar_mitm/egress.py)."""
+    (default the engine; Polar never forwards to it, see polar_mitm/gate/egress.py)."""
     workdir.mkdir(parents=True, exist_ok=True)
     confdir, capture, log = workdir / "mitm", workdir / "captures", workdir / "mitmdump.log"
     env = dict(os.environ, HF_HUB_OFFLINE="1")

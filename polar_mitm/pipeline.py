@@ -4,7 +4,7 @@ mitmproxy, when an addon hook raises, logs the error and carries on with the flo
 script's remaining addons: an untouched request would then go upstream (through HTTPS_PROXY, to the real
 provider). So the stages run here, each failure is caught, and a flow leaves `request` only answered
 locally or pointed at Polar's own stream relay; anything else is answered with the provider's 500 and
-recorded (DESIGN.md §2). The connection-layer allowlist in polar_mitm/egress.py backs this up.
+recorded (DESIGN.md §2). The connection-layer allowlist in polar_mitm/gate/egress.py backs this up.
 """
 from __future__ import annotations
 
@@ -13,16 +13,16 @@ import time
 
 from mitmproxy import connection, ctx, http
 
-from polar_mitm.auth import SessionAuth
 from polar_mitm.calls import call as calls
 from polar_mitm.capture import Capture
 from polar_mitm.conversation import Conversation, ProviderError
-from polar_mitm.egress import Egress, _Refused
-from polar_mitm.fence import Fence
-from polar_mitm.guard import Guard, request_headers
+from polar_mitm.gate.auth import SessionAuth
+from polar_mitm.gate.egress import Egress, _Refused
+from polar_mitm.gate.fence import Fence
+from polar_mitm.gate.guard import Guard, request_headers
+from polar_mitm.gate.quotas import SessionQuotas
 from polar_mitm.providers.responses import error_response, family_api
 from polar_mitm.providers.routes import family_of
-from polar_mitm.quotas import SessionQuotas
 from polar_mitm.router import Router
 from polar_mitm.sessions.registry import redis_url_of
 

@@ -26,10 +26,10 @@ from polar_mitm.engines.api import parse_engine
 from polar_mitm.engines.backends import parse_backends, parse_placement
 from polar_mitm.engines.client import Timeouts
 from polar_mitm.engines.replicas import Engines
-from polar_mitm.fence import Fence
+from polar_mitm.gate.fence import Fence
+from polar_mitm.gate.quotas import SessionQuotas
 from polar_mitm.providers import CODECS
 from polar_mitm.providers.responses import error_response, json_response
-from polar_mitm.quotas import SessionQuotas
 from polar_mitm.sessions.cache import SessionCache
 from polar_mitm.sessions.registry import redis_url_of, watch_ended
 from polar_mitm.tokens.model import load_model

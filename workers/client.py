@@ -110,17 +110,17 @@ class PolarClient:
 
     def pause(self, timeout_s: float = 120.0) -> None:
         """Every node's proxy holds new LLM calls; returns once in-flight calls have drained."""
-        from polar_mitm.fence import pause
+        from polar_mitm.gate.fence import pause
 
         pause(self.sessions, timeout_s=timeout_s)
 
     def resume(self) -> None:
-        from polar_mitm.fence import resume
+        from polar_mitm.gate.fence import resume
 
         resume(self.sessions)
 
     def is_paused(self) -> bool:
-        from polar_mitm.fence import is_paused
+        from polar_mitm.gate.fence import is_paused
 
         return is_paused(self.sessions)
 

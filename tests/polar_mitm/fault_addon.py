@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from mitmproxy import ctx
 
-from polar_mitm import auth, capture, guard
+from polar_mitm import capture
 from polar_mitm.calls import dispatch, streaming
+from polar_mitm.gate import auth, guard
 from polar_mitm.providers import CODECS
 from polar_mitm.tokens import prompt
 

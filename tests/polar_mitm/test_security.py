@@ -16,7 +16,7 @@ import httpx
 import pytest
 import redis
 
-from polar_mitm.guard import parse_hosts
+from polar_mitm.gate.guard import parse_hosts
 from polar_mitm.launch import ADDON, free_port, stop
 from polar_mitm.sessions.registry import REDIS_PREFIX, register_session, unregister_session
 from polar_traj.records import record_path

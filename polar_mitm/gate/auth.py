@@ -10,7 +10,7 @@ import logging
 from mitmproxy import connection, ctx, http
 from mitmproxy.exceptions import OptionsError
 
-from polar_mitm.guard import is_base_url_mode, request_headers
+from polar_mitm.gate.guard import is_base_url_mode, request_headers
 from polar_mitm.providers.responses import error_response
 from polar_mitm.sessions.registry import (
     Credentials, OpenSessions, RedisSessions, Session, SessionStoreError, api_key_credentials, parse_sessions_spec,

@@ -1,10 +1,10 @@
-"""polar_mitm/guard.py's header view: what the stages read a request's headers through."""
+"""polar_mitm/gate/guard.py's header view: what the stages read a request's headers through."""
 from __future__ import annotations
 
 from mitmproxy import http
 from mitmproxy.test import tflow
 
-from polar_mitm.guard import request_headers
+from polar_mitm.gate.guard import request_headers
 
 
 def test_request_headers_read_like_mitmproxys_headers():
