@@ -20,8 +20,16 @@ SUBCOMMANDS = {
 }
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with a one-line error: the message and where the help is, not the whole usage block above it
+    (subcommand parsers are of the same class)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="polar", description="Polar: any coding agent as a token-exact RL environment.")
+    parser = Parser(prog="polar", description="Polar: any coding agent as a token-exact RL environment.")
     parser.add_argument("--version", action="version", version=f"polar {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     for module_name in SUBCOMMANDS.values():

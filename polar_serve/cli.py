@@ -17,7 +17,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("serve", help="run the reference inference server", description=__doc__)
     p.add_argument("--model", required=True, type=Path, help="local model directory (transformers format)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
-    p.add_argument("--port", type=int, default=DEFAULT_PORT, help="port; 0 picks a free one (default: %(default)s)")
+    p.add_argument("--port", type=_port, default=DEFAULT_PORT, help="port; 0 picks a free one (default: %(default)s)")
     p.add_argument("--policy", type=Path, help="scripted policy YAML (docs/reference-server.md)")
     p.add_argument("--served-model-name", help="model name in vLLM responses (default: the directory name)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default: %(default)s)")
@@ -34,6 +34,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="for benchmarks and load-balancing tests: pause this long after every produced token, "
                         "to make the server slow on purpose; other requests keep running (default: 0)")
     p.set_defaults(func=run)
+
+
+def _port(text: str) -> int:  # polar.argtypes.port's rule; this package imports nothing of polar/
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is 0 to 65535, got {value}")
+    return value
 
 
 def _non_negative(text: str) -> float:

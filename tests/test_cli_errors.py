@@ -112,6 +112,11 @@ CASES = [
     Case("report-missing", ("report", "{tmp}/nowhere"), ("{tmp}/nowhere",)),
     Case("serve-model-missing", ("serve", "--model", "{tmp}/nomodel", "--port", str(dead_port())),
          ("{tmp}/nomodel",)),
+    # out-of-range numbers (a port over 65535 was an OverflowError traceback; a negative timeout was waited out)
+    Case("serve-port-too-large", ("serve", "--model", "fixtures/tiny-qwen2", "--port", "99999"), ("--port", "99999")),
+    Case("api-port-too-large", ("api", "--port", "99999"), ("--port", "99999")),
+    Case("run-timeout-negative", RUN + ("--timeout", "-5"), ("--timeout", "-5")),
+    Case("node-drain-deadline-negative", ("node", "drain", "n1", "--deadline", "-5"), ("--deadline", "-5")),
 ]
 
 

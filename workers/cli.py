@@ -10,6 +10,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, TextIO
 
+from polar.argtypes import positive_seconds
 from polar_mitm.sessions.sampling import add_sampling_args, sampling_from_args
 from workers.settings import DEFAULT_BROKER, sessions_url
 
@@ -31,7 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--strategy", choices=["prefix_merge", "per_request"], default="prefix_merge",
                    help="trajectories per sample: one row per append-only chain (prefix_merge) or per LLM call")
     p.add_argument("--wait", action="store_true", help="show progress until the batch finishes, then a summary")
-    p.add_argument("--timeout", type=float, help="with --wait: give up after this many seconds")
+    p.add_argument("--timeout", type=positive_seconds, help="with --wait: give up after this many seconds")
     p.add_argument("--max-masked", type=int, default=0,
                    help="with --wait: exit 1 when more samples than this were masked (default: any)")
     add_sampling_args(p)
@@ -56,13 +57,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.set_defaults(func=_checked(cancel))
     f = sub.add_parser("policy", help="weight-sync fence: hold (pause) or release (resume) every node's LLM calls")
     f.add_argument("action", choices=["pause", "resume", "status"])
-    f.add_argument("--timeout", type=float, default=120.0, help="pause: seconds to wait for in-flight calls")
+    f.add_argument("--timeout", type=positive_seconds, default=120.0, help="pause: seconds to wait for in-flight calls")
     _broker(f)
     f.set_defaults(func=_checked(policy))
     n = sub.add_parser("node", help="rollout nodes: list them, or drain one (no new samples; the rest handed over)")
     n.add_argument("action", choices=["list", "drain", "undrain"])
     n.add_argument("node", nargs="?", help="drain/undrain: the node's name (POLAR_NODE)")
-    n.add_argument("--deadline", type=float, default=300.0,
+    n.add_argument("--deadline", type=positive_seconds, default=300.0,
                    help="drain: seconds its running samples may take to finish before they are handed over")
     _broker(n)
     n.set_defaults(func=_checked(node))

@@ -11,6 +11,7 @@ import time
 import uuid
 from pathlib import Path
 
+from polar.argtypes import positive_seconds
 from polar.harness.adapters import WAYS_IN, AdapterError, available, load_adapter
 from polar.run.causes import cause_lines
 from polar.run.sample import SampleConfig, SampleResult, run_sample
@@ -58,7 +59,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "of the host, no network); local: loopback-only namespaces on the host filesystem, which "
                         "the harness can write (opt-in, with a warning)")
     p.add_argument("--out", type=Path, help="run folder (default: runs/<adapter>-<time>)")
-    p.add_argument("--timeout", type=float, default=600.0, help="seconds before the harness is stopped")
+    p.add_argument("--timeout", type=positive_seconds, default=600.0, help="seconds before the harness is stopped")
     p.add_argument("--confdir", type=Path, default=Path("~/.polar/mitmproxy"), help="CA dir of a proxy started here")
     add_sampling_args(p)  # with --task
     reuse = p.add_argument_group("reuse a running proxy (polar proxy) instead of starting one")

@@ -6,6 +6,7 @@ import os
 import sys
 from pathlib import Path
 
+from polar.argtypes import port
 from workers.settings import DEFAULT_BROKER
 
 TOKEN_ENV = "POLAR_API_TOKEN"
@@ -16,7 +17,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "callbacks, a dashboard); bearer token from $POLAR_API_TOKEN",
                        description=__doc__)
     p.add_argument("--host", default="127.0.0.1", help="listen address (default: loopback only)")
-    p.add_argument("--port", type=int, default=50051)
+    p.add_argument("--port", type=port, default=50051)
     p.add_argument("--broker", default=os.environ.get("POLAR_BROKER", DEFAULT_BROKER),
                    help="the workers' Redis (default $POLAR_BROKER or %(default)s)")
     p.add_argument("--sessions", default=os.environ.get("POLAR_SESSIONS"),
