@@ -17,7 +17,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("serve", help="run the reference inference server", description=__doc__)
     p.add_argument("--model", required=True, type=Path, help="local model directory (transformers format)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
-    p.add_argument("--port", type=_port, default=DEFAULT_PORT, help="port; 0 picks a free one (default: %(default)s)")
+    p.add_argument("--port", type=port, default=DEFAULT_PORT, help="port; 0 picks a free one (default: %(default)s)")
     p.add_argument("--policy", type=Path, help="scripted policy YAML (docs/reference-server.md)")
     p.add_argument("--served-model-name", help="model name in vLLM responses (default: the directory name)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default: %(default)s)")
@@ -36,7 +36,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _port(text: str) -> int:  # polar.argtypes.port's rule; this package imports nothing of polar/
+def port(text: str) -> int:
+    """A TCP port, 0 to 65535 (also `polar api`'s: one above it was an `OverflowError: bind()` traceback)."""
     try:
         value = int(text)
     except ValueError:

@@ -174,6 +174,11 @@ def run_task(args: argparse.Namespace) -> int:
             as_is = args.image == "host" or names_oci_image(args.image)
             image = args.image if as_is else str(Path(args.image).resolve())
             task = dataclasses.replace(task, image=image)
+        if args.runtime in ("bwrap", "local") and task.image not in (None, "host"):
+            # these runtimes show the host's own system: say so rather than ignore the image in silence
+            print(f"polar run: note: --runtime {args.runtime} runs on this host's system, not task "
+                  f"{task.task_id}'s image {task.image} (--image host says so; apptainer or docker use it)",
+                  file=sys.stderr)
         if args.oracle:
             return run_task_oracle(args, task)
         adapter_name = args.adapter or task.adapter

@@ -6,7 +6,7 @@ import os
 import sys
 from pathlib import Path
 
-from polar.argtypes import port
+from polar_serve.cli import port
 from workers.settings import DEFAULT_BROKER
 
 TOKEN_ENV = "POLAR_API_TOKEN"

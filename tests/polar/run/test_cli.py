@@ -85,6 +85,20 @@ def test_bad_adapter_is_a_usage_error():
     assert done.returncode == 2 and "no such adapter" in done.stderr
 
 
+def test_a_host_runtime_says_it_does_not_use_the_tasks_image(tmp_path):
+    """--runtime bwrap with a task that names an image ran on the host's system and said nothing; now one note
+    line says so (here the run then stops at the next check, a backend given without --model); --image host
+    is the quiet way to ask for it."""
+    tasks = str(ROOT / "fixtures" / "tasks" / "tasks.yaml")
+    base = ("--task", tasks, "--task-id", "fix-calc", "--adapter", "pi", "--runtime", "bwrap",
+            "--backend", "http://127.0.0.1:9", "--out", str(tmp_path / "out"))
+    noted = polar_run(*base)
+    assert noted.returncode == 2 and "--model" in noted.stderr, noted.stderr
+    assert "polar run: note: --runtime bwrap runs on this host's system, not task fix-calc's image " in noted.stderr
+    quiet = polar_run(*base, "--image", "host")
+    assert quiet.returncode == 2 and "note:" not in quiet.stderr, quiet.stderr
+
+
 @pytest.mark.slow
 def test_pi_end_to_end_in_bwrap(tmp_path, policies_dir):
     """Everything started by the runner: reference server (shell-once), proxy, pi in bubblewrap."""
