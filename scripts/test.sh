@@ -3,7 +3,7 @@
 # CLIs and SDK clients that name real provider hosts, and nothing may reach the internet.
 #
 # With no arguments (`make test`): the whole suite in parallel, POLAR_TEST_WORKERS pytest-xdist workers
-# (default 3: the tests mostly wait on subprocesses; measured on 2 cores in docs/testing.md), each test file on
+# (default 3: on 2 cores 3 keep the CPU ~97 % busy, vmstat over a whole run, so more do not help), each test file on
 # one worker (--dist loadfile: a module's fixtures start once), then the tests marked `serial` (those that
 # measure load or time) alone, one after another. The slowest 30 tests are listed at the end of the first run.
 # With arguments: plain pytest with them (add -n N yourself to run those in parallel).
