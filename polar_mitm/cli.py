@@ -5,6 +5,7 @@ import argparse
 import asyncio
 import sys
 from pathlib import Path
+from typing import Any
 
 from polar_mitm.engines.backends import parse_backends
 from polar_mitm.harness_env import harness_env, write_ca_bundle
@@ -68,32 +69,74 @@ def tokenizer_problem(path: str | Path) -> str | None:
     return f"{p} has no tokenizer.json, tokenizer_config.json or .gguf file"
 
 
-def served_models(url: str, timeout_s: float = 2.0) -> list[str]:
-    """The model names (directory names) an engine reports: SGLang's /get_model_info, else vLLM's /v1/models;
-    [] when it answers without naming one. OSError (the last route's) when neither route answers."""
+ENGINE_ROUTES = ("/get_model_info", "/v1/models")  # what SGLang and vLLM say of themselves; polar serve answers both
+
+
+def engine_reports(url: str, timeout_s: float = 2.0) -> dict[str, Any]:
+    """An engine's answers to ENGINE_ROUTES, by route: the parsed JSON (None for an answer that is not JSON) of
+    each route that answered. OSError (the last route's) when neither answers."""
     import json
     import urllib.request
 
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never through the user's HTTP_PROXY
-    answered, last = False, None
-    for route, pick in (("/get_model_info", lambda d: [d.get("model_path")]),
-                        ("/v1/models", lambda d: [m.get("root") or m.get("id") for m in d.get("data", [])])):
+    reports: dict[str, Any] = {}
+    last: Exception | None = None
+    for route in ENGINE_ROUTES:
         try:
             with opener.open(url.rstrip("/") + route, timeout=timeout_s) as reply:
                 body = reply.read(1 << 20)
         except Exception as e:  # noqa: BLE001 - a route that does not answer is tried no further
             last = e
             continue
-        answered = True
         try:
-            names = [Path(str(n)).name for n in pick(json.loads(body)) if n]
-        except Exception:  # noqa: BLE001 - an answer that names nothing
+            reports[route] = json.loads(body)
+        except ValueError:
+            reports[route] = None
+    if not reports:
+        raise OSError(" ".join(str(getattr(last, "reason", last)).split())[:120])
+    return reports
+
+
+def model_names(reports: dict[str, Any]) -> list[str]:
+    """The model names (directory names) in an engine's reports: SGLang's model_path, else vLLM's model roots or
+    ids; [] when they name none."""
+    for route, pick in (("/get_model_info", lambda d: [d.get("model_path")]),
+                        ("/v1/models", lambda d: [m.get("root") or m.get("id") for m in d.get("data", [])])):
+        try:
+            names = [Path(str(n)).name for n in pick(reports[route]) if n]
+        except Exception:  # noqa: BLE001 - a route that did not answer, or an answer that names nothing
             continue
         if names:
             return names
-    if answered:
-        return []
-    raise OSError(" ".join(str(getattr(last, "reason", last)).split())[:120])
+    return []
+
+
+def context_length(reports: dict[str, Any]) -> int | None:
+    """The context an engine's reports give (polar serve's and SGLang-style /get_model_info `max_context_length`,
+    vLLM's /v1/models `max_model_len`); None when they give none. An engine started with a longer context than
+    its model's config.json (`polar serve --context-length`) takes prompts the config would refuse."""
+    for route, pick in (("/get_model_info", lambda d: d.get("max_context_length")),
+                        ("/v1/models", lambda d: (d.get("data") or [{}])[0].get("max_model_len"))):
+        try:
+            value = pick(reports[route])
+        except Exception:  # noqa: BLE001 - a route that did not answer, or an answer without a context
+            continue
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def served_models(url: str, timeout_s: float = 2.0) -> list[str]:
+    """The model names an engine reports ([] when it answers without naming one); OSError when it does not answer."""
+    return model_names(engine_reports(url, timeout_s))
+
+
+def first_engine(backend: str) -> str:
+    """The URL of --backend's first replica; ValueError naming the flag for a bad one."""
+    try:
+        return parse_backends(backend)[0].rstrip("/")
+    except ValueError as e:
+        raise ValueError(f"--backend {backend!r}: {e}") from e
 
 
 def model_mismatch(url: str, names: list[str], tokenizer: str | Path) -> str | None:
@@ -111,36 +154,11 @@ def engine_model_mismatch(backend: str, tokenizer: str | Path, timeout_s: float 
     """A warning when the first engine names its model and the name is not the tokenizer directory's; None when
     they agree or the engine does not say. Never an error: a served alias may differ from the directory's name
     legitimately."""
-    try:
-        url = parse_backends(backend)[0].rstrip("/")
-    except ValueError as e:
-        raise ValueError(f"--backend {backend!r}: {e}") from e
+    url = first_engine(backend)
     try:
         return model_mismatch(url, served_models(url, timeout_s), tokenizer)
     except OSError:  # an engine that does not answer is not this warning's business
         return None
-
-
-def served_context_length(backend: str, timeout_s: float = 2.0) -> int | None:
-    """The context the first engine says it serves (polar serve's and SGLang-style /get_model_info
-    `max_context_length`, vLLM's /v1/models `max_model_len`); None when it does not say or does not answer. An
-    engine started with a longer context than its model's config.json (`polar serve --context-length`) takes
-    prompts the config would refuse."""
-    import json
-    import urllib.request
-
-    url = parse_backends(backend)[0].rstrip("/")
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never through the user's HTTP_PROXY
-    for route, pick in (("/get_model_info", lambda d: d.get("max_context_length")),
-                        ("/v1/models", lambda d: (d.get("data") or [{}])[0].get("max_model_len"))):
-        try:
-            with opener.open(url + route, timeout=timeout_s) as reply:
-                value = pick(json.loads(reply.read(1 << 20)))
-        except Exception:  # noqa: BLE001 - a route that does not answer or names no context says nothing
-            continue
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
-    return None
 
 
 def proxy_modes(host: str, proxy_port: int, base_url_port: int, backend: str) -> list[str]:
@@ -158,17 +176,21 @@ def run(args: argparse.Namespace) -> int:
         print(f"polar proxy: --tokenizer: {problem}", file=sys.stderr)
         return 2
     try:
-        warning = engine_model_mismatch(args.backend, args.tokenizer)
+        url = first_engine(args.backend)
     except ValueError as e:
         print(f"polar proxy: {e}", file=sys.stderr)
         return 2
-    if warning is not None:
-        print(f"polar proxy: warning: {warning}", file=sys.stderr)
     if args.context_length < 0:
         print(f"polar proxy: --context-length {args.context_length}: expected a positive number of tokens",
               file=sys.stderr)
         return 2
-    if not args.context_length and (served := served_context_length(args.backend)) is not None:
+    try:  # asked once: the model it names (a warning when not the tokenizer's) and its context
+        reports = engine_reports(url)
+    except OSError:  # an engine that does not answer (yet) is no reason not to start
+        reports = {}
+    if (warning := model_mismatch(url, model_names(reports), args.tokenizer)) is not None:
+        print(f"polar proxy: warning: {warning}", file=sys.stderr)
+    if not args.context_length and (served := context_length(reports)) is not None:
         args.context_length = served
         print(f"polar proxy: context {served} tokens (the engine's)", flush=True)
     die_with_parent()  # started by a worker or `polar run`: go when it goes

@@ -42,15 +42,13 @@ def connect(url: str, retry_s: float = 60.0) -> redis.Redis:
     return redis.Redis.from_url(url, **retry)
 
 
-def unreachable(url: str, what: str, wait_s: float) -> str | None:
-    """Why the Redis at `url` cannot be used after retrying for about `wait_s` (None when it answers): a node
+def unreachable(url: str, wait_s: float) -> str | None:
+    """Why the Redis at `url` does not answer after retrying for about `wait_s` (None when it does): a node
     checks its broker before it says it is up, instead of saying so and then retrying forever."""
     try:
         connect(url, retry_s=wait_s).ping()
     except (redis.RedisError, OSError, ValueError) as e:
-        scheme, sep, rest = url.partition("://")
-        where = f"{scheme}{sep}{rest.rpartition('@')[2]}" if sep else url  # never a password in the line
-        return f"{what} {where}: not answering ({' '.join(str(e).split())[:200]})"
+        return " ".join(str(e).split())[:200]
     return None
 
 

@@ -63,12 +63,13 @@ def _start_node(**_: object) -> None:
     from polar.run.services import ServiceError
     from workers import batches, steps
     from workers.announce import engines_when_up, say, startup_line
+    from workers.api.callback_policy import redact
     from workers.heartbeat import Heartbeat
 
     try:
         for what, url in (("POLAR_BROKER", settings.broker), ("POLAR_SESSIONS", settings.sessions)):
-            if (problem := batches.unreachable(url, what, BROKER_WAIT_S)) is not None:
-                raise RuntimeError(problem)
+            if (why := batches.unreachable(url, BROKER_WAIT_S)) is not None:
+                raise RuntimeError(f"{what} {redact(url)}: not answering ({why})")  # no password in the line
         if (problem := node.model_problem(settings.model_dir)) is not None:
             raise RuntimeError(problem)
         engines, warnings = engines_when_up(settings, ENGINE_WAIT_S)
