@@ -2,10 +2,15 @@
 # Run the suite in the project venv, inside a loopback-only network namespace: the tests start real harness
 # CLIs and SDK clients that name real provider hosts, and nothing may reach the internet.
 #
-# With no arguments (`make test`): the whole suite in parallel, POLAR_TEST_WORKERS pytest-xdist workers
-# (default 3: on 2 cores 3 keep the CPU ~97 % busy, vmstat over a whole run, so more do not help), each test file on
-# one worker (--dist loadfile: a module's fixtures start once), then the tests marked `serial` (those that
-# measure load or time) alone, one after another. The slowest 30 tests are listed at the end of the first run.
+# With no arguments (`make test`): two runs at once.
+# - The tests not marked `serial`: POLAR_TEST_WORKERS pytest-xdist workers (default 3: on 2 cores 3 keep the CPU
+#   ~97 % busy, vmstat over a whole run, so more do not help), each test file on one worker (--dist loadfile: a
+#   module's fixtures start once), in collection order (--no-loadscope-reorder: tests/conftest.py puts the files
+#   that take minutes first; xdist's default order, most tests first, left them for the end), at nice 10.
+# - The tests marked `serial` (timers a starved CPU would trip: node liveness, drains), alone, one after another,
+#   at normal priority: the kernel gives them the CPU whenever they want it, so they no longer need the machine
+#   to themselves (they ran after the parallel run and added ~4 min). Their output follows the parallel run's.
+# The slowest 30 tests of the parallel run are listed at its end.
 # With arguments: plain pytest with them (add -n N yourself to run those in parallel).
 # pytest's exit 5 (no tests collected) is a failure here too.
 set -uo pipefail
@@ -13,7 +18,11 @@ cd "$(dirname "$0")/.."
 export PATH="$PWD/.tools/npm/node_modules/.bin:$PWD/.tools/apptainer/usr/bin:$PATH"
 export HF_HUB_OFFLINE=1 POLAR_NETNS=1
 if [ "$(id -u)" = 0 ]; then ns=(unshare -n); else ns=(unshare -rn); fi
-pytest() { "${ns[@]}" bash -c 'ip link set lo up && exec "$@"' _ .venv/bin/python -m pytest "$@"; }
+pytest_at() {  # pytest_at NICENESS ARGS...
+  local niceness=$1; shift
+  "${ns[@]}" bash -c 'ip link set lo up && exec "$@"' _ nice -n "$niceness" .venv/bin/python -m pytest "$@"
+}
+pytest() { pytest_at 0 "$@"; }
 
 if [ "$#" -gt 0 ]; then
   pytest "$@"
@@ -23,19 +32,29 @@ if [ "$#" -gt 0 ]; then
 fi
 
 workers=${POLAR_TEST_WORKERS:-3}
-start=$SECONDS
-pytest -n "$workers" --dist loadfile -m "not serial" --durations=30
+start=$SECONDS serial_rc=0 serial_pid=
+serial_log=$(mktemp -d)/serial
+# Only when some test is marked serial: a run that selects none would end the output on "0 selected".
+if grep -rqE 'mark\.serial\b' tests --include='*.py'; then
+  # Its own --basetemp: two pytest sessions at once must not share (or clean up) one numbered temp folder.
+  (pytest -m serial --durations=10 --basetemp="$serial_log.tmp" > "$serial_log.out" 2>&1
+   echo $? > "$serial_log.rc"; echo $((SECONDS - start)) > "$serial_log.s") &
+  serial_pid=$!
+  trap 'pkill -f -- "--basetemp=$serial_log.tmp"; exit 130' INT TERM  # an interrupted make test stops both
+fi
+pytest_at 10 -n "$workers" --dist loadfile --no-loadscope-reorder -m "not serial" --durations=30
 rc=$?
 parallel_s=$((SECONDS - start))
 if [ "$rc" -eq 5 ]; then echo "no tests were collected" >&2; rc=1; fi
-start=$SECONDS serial_rc=0
-# Only when some test is marked serial: a run that selects none would end the output on "0 selected".
-if grep -rqE 'mark\.serial\b' tests --include='*.py'; then
-  pytest -m serial --durations=10
-  serial_rc=$?
+serial_s=0
+if [ -n "$serial_pid" ]; then
+  wait "$serial_pid"
+  cat "$serial_log.out"
+  serial_rc=$(cat "$serial_log.rc") serial_s=$(cat "$serial_log.s")
   [ "$serial_rc" -eq 5 ] && serial_rc=0
 fi
-serial_s=$((SECONDS - start))
-echo "test phases: parallel ($workers workers) ${parallel_s} s, serial ${serial_s} s"
+[ "$serial_rc" -ne 0 ] || rm -rf "$(dirname "$serial_log")"  # kept for a look when it failed
+echo "test phases: parallel ($workers workers, nice 10) ${parallel_s} s, serial (alongside) ${serial_s} s," \
+     "both $((SECONDS - start)) s"
 [ "$rc" -ne 0 ] && exit "$rc"
 exit "$serial_rc"

@@ -74,10 +74,11 @@ def collected_files(*args: str) -> set[str]:
 
 
 def test_every_test_file_runs_under_the_parallel_runner(request: pytest.FixtureRequest) -> None:
-    """scripts/test.sh's two runs (`-m "not serial"` on the workers, then `-m serial` alone) together collect
-    every test file on disk: none is ignored or fails to import."""
+    """scripts/test.sh's two runs (`-m "not serial"` on the workers, `-m serial` alongside them, one test at a
+    time) together collect every test file on disk: none is ignored or fails to import."""
     script = (ROOT / "scripts" / "test.sh").read_text()
-    assert re.search(r'pytest -n "\$workers" --dist loadfile -m "not serial"', script), "parallel run changed"
+    parallel_run = r'pytest_at 10 -n "\$workers" --dist loadfile --no-loadscope-reorder -m "not serial"'
+    assert re.search(parallel_run, script), "parallel run changed"
     on_disk = set(test_files())
     # In the whole suite's run this session is the parallel run itself (each xdist worker collects every test):
     # when it holds every file not marked serial, nothing is left to find; otherwise collect that run afresh.

@@ -24,7 +24,9 @@ from tests.workers.cluster import Node, node_env, spawn_node, wait_ready
 from tests.workers.test_rollouts import Cluster, records, wait_for
 from workers import liveness, steps
 
-pytestmark = [pytest.mark.slow, pytest.mark.serial]  # its drains and hand-overs wait on timers that 3 parallel workers starved
+# serial: its drains and hand-overs wait on timers that 3 parallel workers starved (scripts/test.sh runs the serial
+# tests one at a time beside them, at a higher priority)
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 HERE = Path(__file__).parent
 LIVENESS_S, HEARTBEAT_S = 4.0, 0.5
