@@ -5,8 +5,9 @@
 # With no arguments (`make test`): two runs at once.
 # - The tests not marked `serial`: POLAR_TEST_WORKERS pytest-xdist workers (default 3: on 2 cores 3 keep the CPU
 #   ~97 % busy, vmstat over a whole run, so more do not help), each test file on one worker (--dist loadfile: a
-#   module's fixtures start once), in collection order (--no-loadscope-reorder: tests/conftest.py puts the files
-#   that take minutes first; xdist's default order, most tests first, left them for the end), at nice 10.
+#   module's fixtures start once), at nice 10. xdist's own order (files with most tests first) spreads the few
+#   files that take minutes over the run; started together (--no-loadscope-reorder with them first) they ran 9
+#   samples at once and three of test_sample's ran past their 120 s budget.
 # - The tests marked `serial` (timers a starved CPU would trip: node liveness, drains), alone, one after another,
 #   at normal priority: the kernel gives them the CPU whenever they want it, so they no longer need the machine
 #   to themselves (they ran after the parallel run and added ~4 min). Their output follows the parallel run's.
@@ -42,7 +43,7 @@ if grep -rqE 'mark\.serial\b' tests --include='*.py'; then
   serial_pid=$!
   trap 'pkill -f -- "--basetemp=$serial_log.tmp"; exit 130' INT TERM  # an interrupted make test stops both
 fi
-pytest_at 10 -n "$workers" --dist loadfile --no-loadscope-reorder -m "not serial" --durations=30
+pytest_at 10 -n "$workers" --dist loadfile -m "not serial" --durations=30
 rc=$?
 parallel_s=$((SECONDS - start))
 if [ "$rc" -eq 5 ]; then echo "no tests were collected" >&2; rc=1; fi

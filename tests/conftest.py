@@ -13,22 +13,6 @@ from polar_serve.launch import reference_server as launch_reference_server
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach the hub from tests
 
 ROOT = Path(__file__).resolve().parents[1]
-# Files that take minutes (their test-seconds in a whole run, most first), collected first: scripts/test.sh runs
-# pytest-xdist with --dist loadfile --no-loadscope-reorder, which hands files to workers in collection order, and
-# a parallel run that reaches one of these last ends on it alone.
-SLOW_FIRST = ("tests/polar/redteam/test_cli_tasks.py", "tests/polar/run/test_sample.py",
-              "tests/polar/redteam/test_cli_harbor.py", "tests/workers/test_rollouts.py",
-              "tests/polar_mitm/test_proxy_robustness.py", "tests/polar/harness/test_harness_matrix.py",
-              "tests/test_readme.py", "tests/polar_mitm/test_security.py", "tests/polar_mitm/engines/test_replicas.py",
-              "tests/polar/harness/test_harness_matrix_python.py", "tests/workers/test_docker_batch.py",
-              "tests/polar/run/test_docker_sample.py", "tests/polar/harness/test_harness_matrix_more.py",
-              "tests/polar/harness/test_harness_lineage.py", "tests/workers/api/test_api.py",
-              "tests/polar/run/test_killed_run.py")
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    rank = {path: i for i, path in enumerate(SLOW_FIRST)}
-    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable: the rest as collected
 
 
 @pytest.fixture(scope="session")

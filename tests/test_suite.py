@@ -77,7 +77,7 @@ def test_every_test_file_runs_under_the_parallel_runner(request: pytest.FixtureR
     """scripts/test.sh's two runs (`-m "not serial"` on the workers, `-m serial` alongside them, one test at a
     time) together collect every test file on disk: none is ignored or fails to import."""
     script = (ROOT / "scripts" / "test.sh").read_text()
-    parallel_run = r'pytest_at 10 -n "\$workers" --dist loadfile --no-loadscope-reorder -m "not serial"'
+    parallel_run = r'pytest_at 10 -n "\$workers" --dist loadfile -m "not serial"'
     assert re.search(parallel_run, script), "parallel run changed"
     on_disk = set(test_files())
     # In the whole suite's run this session is the parallel run itself (each xdist worker collects every test):
