@@ -155,6 +155,13 @@ def hang_up(proxy, key: str, body: bytes) -> None:
                   + b"\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(body) + body)
 
 
+def wait_recorded(proxy, key: str, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not proxy.records(key):
+        assert time.monotonic() < deadline, f"no record of {key} after {timeout_s:.0f} s"
+        time.sleep(0.02)
+
+
 def test_streamed_calls_whose_clients_hang_up_are_not_kept(proxy_of):
     proxy = proxy_of()
     body = json.dumps(chat("hello", stream=True, metadata={"note": "z" * 800_000})).encode()
@@ -163,7 +170,8 @@ def test_streamed_calls_whose_clients_hang_up_are_not_kept(proxy_of):
     for n in range(3):  # a call held after its client left would add ~50 MB a round
         for i in range(60):
             hang_up(proxy, f"gone-{n}-{i}", body)
-            time.sleep(0.08)  # one at a time: what stays is what leaked, not a burst's high-water mark
+            # one at a time, however busy the machine: what stays is what leaked, not a burst's high-water mark
+            wait_recorded(proxy, f"gone-{n}-{i}")
         time.sleep(2)
         rss.append(rss_mb(proxy.pid))
     print("proxy RSS (MB) before and after each round of 60 hang-ups:", [round(m) for m in rss])
