@@ -26,6 +26,7 @@ mkdir -p "$POLAR_ROOT/.cache"
 compile_venv() {
   local venv=$1 marker=$1/.polar-compiled
   [ -f "$marker" ] && return 0
+  info "byte-compiling $venv (once)"
   env -u PYTHONDONTWRITEBYTECODE "$venv/bin/python" -m compileall -q -j 0 "$venv/lib" > /dev/null 2>&1 || true
   touch "$marker"
 }

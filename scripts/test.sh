@@ -40,7 +40,7 @@ serial_log=$(mktemp -d)/serial
 if grep -rqE 'mark\.serial\b' tests --include='*.py'; then
   # Its own --basetemp: two pytest sessions at once must not share (or clean up) one numbered temp folder.
   (pytest -m serial --durations=10 --basetemp="$serial_log.tmp" > "$serial_log.out" 2>&1
-   echo $? > "$serial_log.rc"; echo $((SECONDS - start)) > "$serial_log.s") &
+   serial_rc=$?; echo $((SECONDS - start)) > "$serial_log.s"; exit $serial_rc) &
   serial_pid=$!
   trap 'pkill -f -- "--basetemp=$serial_log.tmp"; exit 130' INT TERM  # an interrupted make test stops both
 fi
@@ -51,8 +51,8 @@ if [ "$rc" -eq 5 ]; then echo "no tests were collected" >&2; rc=1; fi
 serial_s=0
 if [ -n "$serial_pid" ]; then
   wait "$serial_pid"
+  serial_rc=$? serial_s=$(cat "$serial_log.s")
   cat "$serial_log.out"
-  serial_rc=$(cat "$serial_log.rc") serial_s=$(cat "$serial_log.s")
   [ "$serial_rc" -eq 5 ] && serial_rc=0
 fi
 [ "$serial_rc" -ne 0 ] || rm -rf "$(dirname "$serial_log")"  # kept for a look when it failed
