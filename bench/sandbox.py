@@ -5,6 +5,12 @@ start included there too). Apptainer runs an instance of the demo task image (sc
 container of it (podman or docker, polar/sandbox/docker.py; its exec includes killing what the exec left).
 
     .venv/bin/python bench/sandbox.py [--runs 20]
+
+--workspace: a sample's workspace preparation for an image task (fixtures/tbench/word-count, its files in the
+image's /app; issue 43), median of N: before (the image's name from the engine, an empty workspace: what
+prepare did until the image's workdir was seeded), seeded (polar/tasks/image_task.py from a warm cache: the
+image inspected, its /app files copied into the workspace) and seeded on a disk quota (polar/sandbox/quota.py:
+the disk made and bound, then unmounted with the files copied back, as postrun does).
 """
 from __future__ import annotations
 
@@ -51,10 +57,61 @@ def measure(runtime: str | None, mounts: Mounts, runs: int) -> tuple[float, floa
     return statistics.median(starts), statistics.median(stops)
 
 
+def workspace_prep(runs: int) -> int:
+    import shutil
+
+    from polar.sandbox import quota
+    from polar.sandbox.docker import find_engine, image_ref
+    from polar.tasks.allow import pristine
+    from polar.tasks.image_task import resolve_image_task
+    from polar.tasks.spec import load_tasks
+
+    task = load_tasks(ROOT / "fixtures" / "tbench" / "word-count")[0]
+    engine = find_engine()
+    resolve_image_task(task, "docker")  # the cache warm: what every sample after a node's first one sees
+
+    def before(out: Path) -> None:
+        image_ref(engine, task.image)
+        (out / "workspace").mkdir(parents=True)
+
+    def seeded(out: Path) -> None:
+        pristine(resolve_image_task(task, "docker").workspace, out / "workspace")
+
+    def on_disk(out: Path) -> None:
+        binds = (("home", out / "home"), ("workspace", out / "workspace"))
+        quota.make_disk(out / quota.DISK, quota.quota_mb(None) or quota.DEFAULT_MB, binds)
+        seeded_task = resolve_image_task(task, "docker")
+        pristine(seeded_task.workspace, out / "workspace")
+        quota.remove_disk(out / quota.DISK, binds)
+
+    why = quota.unavailable()
+    print(f"workspace preparation of {task.task_id} (docker, {engine.kind}); median of {runs}")
+    base = None
+    for label, step in (("before: empty workspace", before), ("seeded from the image", seeded),
+                        ("seeded, on a disk quota", on_disk)):
+        if step is on_disk and why:
+            print(f"{label:28} skipped: {why}")
+            continue
+        times = []
+        for _ in range(runs):
+            with tempfile.TemporaryDirectory() as tmp:
+                start = time.monotonic()
+                step(Path(tmp))
+                times.append(time.monotonic() - start)
+                shutil.rmtree(tmp, ignore_errors=True)
+        median = statistics.median(times)
+        base = base or median
+        print(f"{label:28} {median * 1000:8.1f} ms  {median / base:5.2f}x before")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=20)
+    ap.add_argument("--workspace", action="store_true", help="an image task's workspace preparation instead")
     args = ap.parse_args()
+    if args.workspace:
+        return workspace_prep(args.runs)
     with tempfile.TemporaryDirectory() as tmp:
         mounts = Mounts(Path(tmp) / "home", Path(tmp) / "workspace", Path(tmp) / "sandbox")
         for d in (mounts.home, mounts.workspace, mounts.shared):

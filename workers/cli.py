@@ -28,6 +28,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", type=Path,
                    help="output root on storage every node sees (the batch gets OUT/<batch_id>); default: the "
                         "POLAR_OUTPUT_ROOT the live nodes announce, else $POLAR_OUTPUT_ROOT or runs/batches")
+    p.add_argument("--run-offline", action="store_true",
+                   help="run tasks that ask for the internet without it (no sample gets it)")
     p.add_argument("--max-staleness", type=int, help="mark trajectories whose calls span more weight versions")
     p.add_argument("--strategy", choices=["prefix_merge", "per_request"], default="prefix_merge",
                    help="trajectories per sample: one row per append-only chain (prefix_merge) or per LLM call")
@@ -111,12 +113,12 @@ def _checked(command):
 
 
 def submit(args: argparse.Namespace) -> int:
-    from polar.tasks.spec import load_tasks
+    from polar.tasks.spec import load_tasks, refuse_online
 
     try:  # the user's own inputs first, then the connection
         if not 1 <= args.group_size <= 999:
             raise ValueError(f"--group-size {args.group_size}: expected 1-999")
-        load_tasks(args.tasks, args.tasks_root)
+        refuse_online(load_tasks(args.tasks, args.tasks_root), args.run_offline, args.tasks)
         sampling = sampling_from_args(args)
     except (ValueError, OSError) as e:
         print(f"polar submit: {e}", file=sys.stderr)
@@ -129,7 +131,7 @@ def submit(args: argparse.Namespace) -> int:
         out, where = output_root(args.out, client.nodes())
         batch = client.submit(args.tasks, args.group_size, args.min_groups, args.adapter, out,
                               args.max_staleness, sampling=sampling, strategy=args.strategy,
-                              tasks_root=args.tasks_root)
+                              tasks_root=args.tasks_root, run_offline=args.run_offline)
     except (ValueError, OSError, KeyError) as e:
         print(f"polar submit: {e}", file=sys.stderr)
         return 2

@@ -73,19 +73,22 @@ class PolarClient:
     def submit(self, tasks: str | Path, group_size: int = 4, min_groups: int | None = None,
                adapter: str | None = None, out: str | Path = "runs/batches", max_staleness: int | None = None,
                batch_id: str | None = None, sampling: dict[str, Any] | None = None,
-               strategy: str = "prefix_merge", tasks_root: str | Path | None = None) -> "Batch":
+               strategy: str = "prefix_merge", tasks_root: str | Path | None = None,
+               run_offline: bool = False) -> "Batch":
         """Queue `group_size` samples of every task in the tasks file (YAML or JSONL, polar.tasks.spec).
         `sampling`: some of temperature, top_p, top_k, max_tokens, seed, used for every LLM call of the batch
         whatever the agent's requests ask for (polar_mitm/sessions/sampling.py). `strategy`: prefix_merge (one row per
         append-only chain) or per_request (one row per LLM call). `tasks_root`: where the tasks' paths may lead
-        (polar/tasks/roots.py; recorded in the manifest, so every node holds the batch to it)."""
+        (polar/tasks/roots.py; recorded in the manifest, so every node holds the batch to it). `run_offline`: run
+        tasks that ask for the internet without it (refused otherwise: no sample gets it)."""
         from polar.harness.adapters import load_adapter
         from polar.tasks.roots import tasks_roots
-        from polar.tasks.spec import load_tasks
+        from polar.tasks.spec import load_tasks, refuse_online
 
         tasks_file = Path(tasks).resolve()
         roots = tasks_roots(tasks_file, tasks_root)
         specs = load_tasks(tasks_file, roots)
+        refuse_online(specs, run_offline, tasks_file)
         for name in {adapter} if adapter else {t.adapter for t in specs}:
             if not name:
                 raise ValueError(f"{tasks_file}: a task names no adapter; give one with adapter=/--adapter")

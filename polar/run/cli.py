@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import shutil
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -20,7 +22,7 @@ from polar.run.session import EngineConfig, RunConfig, run_session
 from polar.sandbox.runtime import RUNTIMES, SandboxError, names_oci_image, resolve_runtime
 from polar.sandbox.supervisor import supervising
 from polar.tasks.evaluate import EvaluatorCrash
-from polar.tasks.spec import TaskError, TaskSpec, load_tasks, select_task
+from polar.tasks.spec import TaskError, TaskSpec, load_tasks, refuse_online, select_task
 from polar_mitm.cli import engine_model_mismatch, tokenizer_problem
 from polar_mitm.sessions.sampling import FIXABLE, add_sampling_args, sampling_from_args
 
@@ -40,6 +42,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                                                    "current directory; docs/tasks.md)")
     p.add_argument("--oracle", action="store_true", help="with --task (a Harbor task directory): run its "
                                                          "solution/solve.sh instead of a harness, then its verifier")
+    p.add_argument("--run-offline", action="store_true", help="with --task: run a task that asks for the internet "
+                                                              "without it (no sample gets it)")
     p.add_argument("--image", help="with --task: use this image (SIF, sandbox directory, OCI image or `host`) "
                                     "instead of the task's")
     p.add_argument("--via", default="https_proxy", choices=WAYS_IN, help="way in to the proxy")
@@ -170,6 +174,7 @@ def run_task(args: argparse.Namespace) -> int:
         return 2
     try:
         task = select_task(load_tasks(args.task, args.tasks_root), args.task_id, args.task)
+        refuse_online([task], args.run_offline, args.task)
         if args.image:
             as_is = args.image == "host" or names_oci_image(args.image)
             image = args.image if as_is else str(Path(args.image).resolve())
@@ -226,13 +231,17 @@ def run_task_oracle(args: argparse.Namespace, task: TaskSpec) -> int:
     when it scores the task's top reward."""
     from polar.tasks.harbor import solution_of
     from polar.tasks.oracle import run_oracle
+    from polar.tasks.swe import gold_solution
 
     given = Path(args.task)
-    if given.is_file() and given.name != "task.toml":  # it once named tasks.yaml/<id>/solution/solve.sh
+    if "swe" in task.metadata:  # an SWE-style instance: its gold patch
+        solve = gold_solution(task, Path(tempfile.mkdtemp(prefix="polar-gold-")))
+    elif given.is_file() and given.name != "task.toml":  # it once named tasks.yaml/<id>/solution/solve.sh
         raise TaskError(f"--oracle: {given} is a tasks file, and its tasks have no solution; --oracle runs the "
-                        "solution/solve.sh of a Harbor task: give a Harbor task directory (task.toml, solution/)")
-    # TaskError: caught by the caller
-    solve = solution_of(given.parent if given.is_file() else given, task.task_id, args.tasks_root)
+                        "solution/solve.sh of a Harbor task (give a Harbor task directory: task.toml, solution/) "
+                        "or the gold patch of an SWE-style instance")
+    else:  # TaskError: caught by the caller
+        solve = solution_of(given.parent if given.is_file() else given, task.task_id, args.tasks_root)
     _check_image(task.image, "--image" if args.image else f"task {task.task_id}: image")
     out = (args.out or Path("runs") / f"{task.task_id}-oracle-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     if out.exists():
@@ -242,6 +251,9 @@ def run_task_oracle(args: argparse.Namespace, task: TaskSpec) -> int:
     except (SandboxError, EvaluatorCrash, OSError) as e:
         print(f"polar run: oracle for task {task.task_id}: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
+    finally:
+        if "swe" in task.metadata:
+            shutil.rmtree(solve.parent, ignore_errors=True)
     reward = result.evaluation.reward
     print(f"polar run: oracle for task {task.task_id} ({result.runtime}): solve.sh exit {result.exit_code}, "
           f"reward {reward:g}")

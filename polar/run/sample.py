@@ -34,13 +34,18 @@ from polar.harness.adapters import AdapterSpec
 from polar.run.local_redis import private_redis
 from polar.run.services import ProxyHandle, new_session
 from polar.run.session import (DEFAULT_CONFDIR, HARNESS_BIN, TOOLS_BIN, EngineConfig, HarnessSetup, capture_files,
-                               exec_harness, prepare_harness, shared_dir, start_services, workspace_snapshots)
+                               exec_harness, prepare_harness, shared_dir, snapshot_workspace, start_services,
+                               with_task_vars, workspace_snapshots)
 from polar.run.summary import CONTENT_FAILURE, WorkspaceTooLarge, build_trajectories, changed_files, count_calls
 from polar.run.state import SampleState, load_state
-from polar.sandbox import supervisor
+from polar.sandbox import quota, supervisor
 from polar.sandbox.occupancy import occupying
-from polar.sandbox.runtime import Sandbox, get_runtime, resolve_runtime
+from polar.sandbox.runtime import Mounts, Sandbox, get_runtime, resolve_runtime
+from polar.tasks.artifacts import keep_artifacts
 from polar.tasks.evaluate import Evaluation, EvaluatorCrash, evaluate
+from polar.tasks.evaluation import read_tail, task_env
+from polar.tasks.harbor import HEALTHCHECK_TIMEOUT_S
+from polar.tasks.image_task import resolve_image_task
 from polar.tasks.precheck import check_verifier
 from polar.tasks.spec import TaskSpec
 from polar.tasks.verify import prepare_verify
@@ -137,8 +142,9 @@ def prepare_sample(cfg: SampleConfig, engine: EngineConfig, proxy: ProxyHandle) 
 
 
 def _prepare(cfg: SampleConfig, proxy: ProxyHandle, state: SampleState) -> None:
-    task = cfg.task
-    state.runtime = resolve_runtime(cfg.runtime, task.image)
+    state.runtime = resolve_runtime(cfg.runtime, cfg.task.image)
+    state.task = task = resolve_image_task(cfg.task, state.runtime)  # the image's workdir, files and variables
+    _agent_disk(state)
     mounts = state.mounts
     sandbox = get_runtime(state.runtime, limits=task.sandbox_limits()).prepare(
         mounts, image=task.image, instance=f"polar-{cfg.sample_id[:40]}-{uuid.uuid4().hex[:6]}")
@@ -149,8 +155,41 @@ def _prepare(cfg: SampleConfig, proxy: ProxyHandle, state: SampleState) -> None:
     setup = HarnessSetup(cfg.adapter, task.instruction, cfg.model or cfg.adapter.model, cfg.way_in,
                          state.runtime, cfg.tools_bin)
     rendered = prepare_harness(setup, sandbox, mounts, state.session, proxy, state.out, task.workspace)
-    state.harness = {"argv": list(rendered.argv), "env": rendered.env}
+    if task.healthcheck and not _healthy(task, sandbox, mounts, state):
+        return
+    state.harness = {"argv": list(rendered.argv), "env": with_task_vars(rendered.env, task.env)}
 
+
+def _agent_disk(state: SampleState) -> None:
+    """HOME and the workspace on a disk of the task's quota (polar/sandbox/quota.py), when this node can."""
+    size = quota.quota_mb(state.task.storage_mb)
+    why = quota.unavailable() if size else None
+    if size is None or why:
+        if why:
+            quota.warn_unenforced(why)
+        return
+    state.disk_mb = size
+    state.save()  # released by cleanup even if we die now
+    quota.make_disk(state.out / quota.DISK, size, _agent_binds(state.out))
+
+
+def _agent_binds(out: Path) -> tuple[tuple[str, Path], ...]:
+    return (("home", out / "home"), ("workspace", out / "workspace"))
+
+
+def _healthy(task: TaskSpec, sandbox: Sandbox, mounts: Mounts, state: SampleState) -> bool:
+    """The task's healthcheck in the agent's sandbox, before the agent: a failing one fails the sample as
+    infrastructure (the environment is not what the task expects). The workspace is snapshotted again after it."""
+    out = state.out
+    ran = sandbox.exec(["sh", "-c", task.healthcheck or "true"], task_env(mounts, task.env), mounts.cwd,
+                       HEALTHCHECK_TIMEOUT_S, out / "healthcheck.stdout", out / "healthcheck.stderr")
+    if ran.timed_out or ran.exit_code != 0:
+        how = f"timed out after {HEALTHCHECK_TIMEOUT_S:g}s" if ran.timed_out else f"exited {ran.exit_code}"
+        tail = " ".join(read_tail(out / "healthcheck.stderr").split())[-300:]
+        state.fail("prepare", f"the task's healthcheck {how}: {tail}")
+        return False
+    snapshot_workspace(mounts, out)
+    return True
 
 def run_harness(sample_dir: Path) -> None:
     """The harness in the sample's sandbox, within the task's budget (less when the session budget is shorter)."""
@@ -177,11 +216,14 @@ def _session_left(state: SampleState) -> float:
 
 def evaluate_sample(sample_dir: Path) -> None:
     """The task's evaluator where the agent never was (polar/tasks/verify.py): the agent's sandbox stopped and its
-    token ended first, then a fresh sandbox over a copy of the final workspace with the task's tests. Never raises:
-    what goes wrong here that the workspace did not cause is the sample's infrastructure failing."""
+    token ended first, the task's artifacts kept, then a fresh sandbox over a copy of the final workspace with the
+    task's tests. Never raises: what goes wrong here that the workspace did not cause is the sample's
+    infrastructure failing."""
     out = Path(sample_dir)
-    cleanup_sample(out)
+    cleanup_sample(out, disks=False)
     state = load_state(out)
+    if state.task.artifacts:
+        state.artifacts = keep_artifacts(out / "workspace", state.task.artifacts, out / "artifacts")
     start = time.monotonic()
     if state.outcome is None and not state.timed_out:
         try:
@@ -210,7 +252,7 @@ def _verify(state: SampleState, out: Path) -> None:
         state.fail("evaluator", f"the task's verifier produces no reward on the untouched workspace: "
                                 f"{problem.reason}")
         return
-    ground = prepare_verify(state.task, out, before, after)
+    ground = prepare_verify(state.task, out, before, after, state.disk_mb)
     state.tampered, state.suspicious = list(ground.tampered), list(ground.suspicious)
     sandbox = get_runtime(state.runtime, limits=state.task.sandbox_limits()).prepare(
         ground.mounts, image=state.task.image, instance=f"polar-verify-{state.sample_id[:33]}-{uuid.uuid4().hex[:6]}")
@@ -238,7 +280,8 @@ def postrun_sample(sample_dir: Path) -> SampleResult:
              "reward": reward, "group_id": state.group_id, "harness": state.adapter,
              "metadata": {**state.task.metadata, "sample_id": state.sample_id, "task_id": state.task.task_id,
                           "exit_code": state.exit_code, "runtime": state.runtime, "tampered": state.tampered,
-                          "suspicious": state.suspicious, **_named_rewards(state)}}
+                          "suspicious": state.suspicious, **_named_rewards(state),
+                          **({"artifacts": state.artifacts} if state.artifacts else {})}}
     entry["metadata"] = printable(entry["metadata"])  # names and keys the agent chose: never a failed build
     parquet, build_error = _build(out, files, entry, state.strategy)
     status, failure, reason, reward = after_build(status, failure, reason, reward, build_error)
@@ -294,8 +337,9 @@ def _named_rewards(state: SampleState) -> dict[str, Any]:
     return {"rewards": rewards} if rewards else {}
 
 
-def cleanup_sample(sample_dir: Path) -> None:
-    """End the session and stop the sandbox; safe to call more than once and on any stage's failure."""
+def cleanup_sample(sample_dir: Path, disks: bool = True) -> None:
+    """End the session, stop the sandboxes and (`disks`) unmount the sample's disks; safe to call more than once and
+    on any stage's failure."""
     state = load_state(Path(sample_dir))
     done, sessions = state.cleaned, state.proxy.sessions
     if state.session and sessions != "open" and not done.get("session"):
@@ -317,6 +361,13 @@ def cleanup_sample(sample_dir: Path) -> None:
     if state.shared_temporary:
         shutil.rmtree(state.shared, ignore_errors=True)
         supervisor.release(f"path:{state.shared}")
+    if disks and state.disk_mb and not done.get("disks"):
+        try:
+            quota.remove_disk(state.out / quota.VERIFY_DISK, (("ground", state.out / "verify"),))
+            quota.remove_disk(state.out / quota.DISK, _agent_binds(state.out))
+        except Exception as e:  # noqa: BLE001
+            state.cleanup_errors.append(f"unmount disks: {e}")
+        done["disks"] = True
     state.save()
 
 

@@ -23,7 +23,7 @@ import uuid
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from polar.harness.adapters import AdapterSpec
 from polar.harness.render import Endpoint, Rendered, RunValues, redact, render, write_files
@@ -185,16 +185,42 @@ def render_harness(setup: HarnessSetup, mounts: Mounts, session: Session, endpoi
     """The harness's argv, environment and config files (written), harness.json (token redacted) and the
     workspace snapshot the run's changes are measured against."""
     (mounts.home / ".tmp").mkdir(exist_ok=True)
-    values = RunValues(setup.instruction, setup.model, mounts.home, mounts.workspace,
+    values = RunValues(setup.instruction, setup.model, mounts.home, mounts.cwd,
                        session.session_id, session.token, setup.way_in)
     rendered = render(setup.adapter, values, endpoint, list(setup.tools_bin))
-    write_files(rendered.files, (mounts.home, mounts.workspace))
+    write_files({_on_host(path, mounts): text for path, text in rendered.files.items()},
+                (mounts.home, mounts.workspace))
     (out / "harness.json").write_text(json.dumps({
         "argv": list(rendered.argv), "env": redact(rendered.env, session.token),
         "files": [str(p) for p in rendered.files], "runtime": setup.runtime, "via": setup.way_in,
     }, indent=2))
-    (out / "workspace.before.json").write_text(json.dumps(snapshot(mounts.workspace)))
+    snapshot_workspace(mounts, out)
     return rendered
+
+
+def snapshot_workspace(mounts: Mounts, out: Path) -> None:
+    """The workspace as the harness starts on it: what the run's changes are measured against."""
+    (out / "workspace.before.json").write_text(json.dumps(snapshot(mounts.workspace)))
+
+
+def _on_host(path: Path, mounts: Mounts) -> Path:
+    """A config file's path as the sandbox sees it, on the host: the workdir is the workspace's host folder."""
+    if mounts.workdir and path.is_relative_to(mounts.cwd):
+        return mounts.workspace / path.relative_to(mounts.cwd)
+    return path
+
+
+def with_task_vars(env: dict[str, str], task_vars: Mapping[str, str]) -> dict[str, str]:
+    """The harness's environment over the task's variables (its image's ENV, its [environment] env): the
+    harness's own win (HOME, the proxy, its keys), and PATH is the harness's then the task's other folders."""
+    if not task_vars:
+        return env
+    merged = {**task_vars, **env}
+    ours = env.get("PATH", "").split(os.pathsep)
+    extra = [d for d in task_vars.get("PATH", "").split(os.pathsep) if d and d not in ours]
+    if extra:
+        merged["PATH"] = os.pathsep.join([*ours, *extra])
+    return merged
 
 
 def prepare_harness(setup: HarnessSetup, sandbox: Sandbox, mounts: Mounts, session: Session, proxy: ProxyHandle,
@@ -214,7 +240,7 @@ def exec_harness(sandbox: Sandbox, argv: list[str], env: dict[str, str], mounts:
     """The harness in its sandbox, behind socket bridges to the proxy that live as long as it runs."""
     with ExitStack() as stack:
         forwards = open_bridges(proxy, mounts.shared, stack)
-        return sandbox.exec(argv, env, mounts.workspace, timeout_s, out / "harness.stdout", out / "harness.stderr",
+        return sandbox.exec(argv, env, mounts.cwd, timeout_s, out / "harness.stdout", out / "harness.stderr",
                             forwards)
 
 

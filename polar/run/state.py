@@ -61,15 +61,17 @@ class SampleState:
     cleaned: dict[str, bool] = field(default_factory=dict)  # session, sandbox: done by cleanup
     cleanup_errors: list[str] = field(default_factory=list)
     strategy: str = "prefix_merge"  # how postrun builds the trajectories (SampleConfig.strategy)
+    disk_mb: int | None = None  # the disk quota in force (polar/sandbox/quota.py); None: none
+    artifacts: list[str] = field(default_factory=list)  # the task's artifacts kept in <out>/artifacts
 
     @property
     def mounts(self) -> Mounts:
-        return Mounts(self.out / "home", self.out / "workspace", self.shared)
+        return Mounts(self.out / "home", self.out / "workspace", self.shared, workdir=self.task.workdir)
 
     @property
     def verify_mounts(self) -> Mounts:
         root = self.out / "verify"
-        return Mounts(root / "home", root / "workspace", root / "shared")
+        return Mounts(root / "home", root / "workspace", root / "shared", workdir=self.task.workdir)
 
     def fail(self, stage: Stage, reason: str, failure: Failure = "infrastructure") -> None:
         """Record the first failure of the sample (later ones do not overwrite it)."""

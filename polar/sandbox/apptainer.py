@@ -75,8 +75,8 @@ def read_only_binds() -> list[tuple[Path, Path]]:
 
 def bind_args(mounts: Mounts, extra_ro: Sequence[tuple[Path, Path]] = ()) -> list[str]:
     args = []
-    for d in (mounts.home, mounts.workspace, mounts.shared):
-        args += ["--bind", f"{d}:{d}"]
+    for src, at in mounts.own():
+        args += ["--bind", f"{src}:{at}"]
     for src, dst in mounts.binds:
         args += ["--bind", f"{src}:{dst}"]
     for src, dst in mounts.ro_binds:

@@ -260,8 +260,8 @@ def run_args(engine: Engine, mounts: Mounts, who: Identity, limits: Limits, cpus
         args += ["--security-opt", f"seccomp={seccomp.profile_file()}"]
         if os.geteuid() != 0:
             args += ["--userns", "keep-id"]
-    for d in (mounts.home, mounts.workspace, mounts.shared):
-        args += ["--volume", f"{d}:{d}"]
+    for src, at in mounts.own():
+        args += ["--volume", f"{src}:{at}"]
     for src, dst in mounts.binds:
         args += ["--volume", f"{src}:{dst}"]
     for src, dst in mounts.ro_binds:

@@ -67,6 +67,17 @@ class Mounts:
     # The same, read-only for every process of the sandbox: a Harbor verifier's /tests, which the agent's code
     # that the tests import would otherwise rewrite under test.sh (bash reads a script as it runs it).
     ro_binds: tuple[tuple[Path, str], ...] = ()
+    # Where the sandbox sees the workspace instead of its host path: a task's workdir (`/app`) over its image.
+    workdir: str | None = None
+
+    @property
+    def cwd(self) -> Path:
+        """The workspace as the sandbox sees it: where the harness and the verifier start."""
+        return Path(self.workdir) if self.workdir else self.workspace
+
+    def own(self) -> tuple[tuple[Path, str], ...]:
+        """(host folder, sandbox path) of HOME, the workspace and the socket folder, all writable."""
+        return ((self.home, str(self.home)), (self.workspace, str(self.cwd)), (self.shared, str(self.shared)))
 
 
 @dataclass(frozen=True)
@@ -224,8 +235,8 @@ class LocalRuntime:
         self.limits = limits
 
     def prepare(self, mounts: Mounts, image: str | None = None, instance: str | None = None) -> Sandbox:
-        if mounts.binds or mounts.ro_binds:
-            named = ', '.join(d for _s, d in (*mounts.binds, *mounts.ro_binds))
+        if mounts.binds or mounts.ro_binds or mounts.workdir:
+            named = ', '.join(d for _s, d in (*mounts.binds, *mounts.ro_binds)) or f"the workdir {mounts.workdir}"
             raise SandboxError(f"local runtime: the task needs {named} inside the "
                                "sandbox, which the host filesystem cannot show; use --runtime bwrap|apptainer|docker")
         if not shutil.which("unshare"):
@@ -324,21 +335,21 @@ class BwrapSandbox(_HostSandbox):
         return ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
 
     def command(self, cwd: Path) -> list[str]:
-        own = (self.mounts.home, self.mounts.workspace, self.mounts.shared)
-        parents = _parents(own)
+        own = self.mounts.own()
+        parents = _parents([Path(at) for _src, at in own])
         cmd = [self.bwrap, *self.identity_args(), "--unshare-net", "--unshare-pid", "--unshare-ipc",
                "--unshare-uts", "--unshare-cgroup-try", "--die-with-parent", "--new-session",
                *system_view(), "--dev", "/dev", "--proc", "/proc", *kernel_covers(), "--perms", "1777",
                "--tmpfs", "/tmp"]
         for d in parents:
             cmd += ["--tmpfs", d]  # HOME's parent (the run folder) holds only the binds here, read-only
-        binds = [*self.tools[2::3], BRIDGE_IN_SANDBOX, *map(str, own),
+        binds = [*self.tools[2::3], BRIDGE_IN_SANDBOX, *(at for _src, at in own),
                  *(d for _s, d in (*self.mounts.binds, *self.mounts.ro_binds))]
         for d in _ancestors(binds):  # bwrap would make them 0700, closed to an unprivileged first process
             cmd += ["--perms", "0755", "--dir", d]
         cmd += [*self.tools, "--ro-bind", bridge.__file__, BRIDGE_IN_SANDBOX]
-        for d in own:
-            cmd += ["--bind", str(d), str(d)]
+        for src, at in own:
+            cmd += ["--bind", str(src), at]
         for src, dst in self.mounts.binds:
             cmd += ["--bind", str(src), dst]
         for src, dst in self.mounts.ro_binds:

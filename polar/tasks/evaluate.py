@@ -69,7 +69,7 @@ def _run_command(argv: list[str], spec: EvaluatorSpec, sandbox: Sandbox, mounts:
                  timeout_s: float) -> tuple[ExecResult, str, str, Evaluation | None]:
     """(result, stdout, stdout + stderr, the timeout's reward 0 or None) of the task's command."""
     stdout, stderr = out / "evaluator.stdout", out / "evaluator.stderr"
-    result = sandbox.exec(argv, task_env(mounts), mounts.workspace, timeout_s, stdout, stderr)
+    result = sandbox.exec(argv, task_env(mounts, spec.env), mounts.cwd, timeout_s, stdout, stderr)
     text = read_tail(stdout)
     output = (text + read_tail(stderr))[-OUTPUT_LIMIT:]
     if not result.timed_out:
@@ -110,7 +110,7 @@ def _harbor(spec: EvaluatorSpec, sandbox: Sandbox, mounts: Mounts, out: Path, ti
     from polar.tasks.task import LOGS_AT
 
     logs = next(src for src, dst in mounts.binds if dst == LOGS_AT)
-    seen = observe(sandbox, mounts, out, timeout_s)
+    seen = observe(sandbox, mounts, out, timeout_s, spec.env)
     early = _clear_logs(logs)  # only the agent's code ran since Polar made it: anything there is its doing
     result, _text, output, timed_out = _run_command(list(TEST_COMMAND), spec, sandbox, mounts, out, timeout_s)
     output = "\n".join([*seen.lines, output])[-OUTPUT_LIMIT:]

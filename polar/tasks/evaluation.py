@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
+from typing import Mapping
 
 from polar.sandbox import occupancy
 from polar.sandbox.runtime import Mounts
@@ -35,10 +37,13 @@ class Evaluation:
     flagged: tuple[str, ...] = ()  # the observer's: why the run looks forged (reward 0; the sample's `suspicious`)
 
 
-def task_env(mounts: Mounts) -> dict[str, str]:
-    """The task's environment, not the agent's: a fresh HOME, and no user site or script-folder path for python."""
-    return {"PATH": SANDBOX_PATH, "HOME": str(mounts.home), "LANG": "C.UTF-8", "TMPDIR": str(mounts.home / ".tmp"),
-            "PYTHONDONTWRITEBYTECODE": "1", "PYTHONNOUSERSITE": "1", "PYTHONSAFEPATH": "1"}
+def task_env(mounts: Mounts, extra: Mapping[str, str] = MappingProxyType({})) -> dict[str, str]:
+    """The task's environment, not the agent's: a fresh HOME, and no user site or script-folder path for python;
+    with the task's own variables (`extra`: its image's, its [environment] and [verifier] env), except for the
+    ones that keep the verifier apart from the agent's files."""
+    own = {"HOME": str(mounts.home), "TMPDIR": str(mounts.home / ".tmp"), "PYTHONDONTWRITEBYTECODE": "1",
+           "PYTHONNOUSERSITE": "1", "PYTHONSAFEPATH": "1"}
+    return {"PATH": SANDBOX_PATH, "LANG": "C.UTF-8", **extra, **own}
 
 
 def verifier_timeout(spec: EvaluatorSpec, timeout_s: float, output: str) -> Evaluation:

@@ -1,13 +1,21 @@
 """Harbor task directories (docs/tasks.md "Harbor tasks"): the format of terminal-bench 2.0 and Harbor's datasets,
-read as they are into our TaskSpec.
+read as Harbor reads them into our TaskSpec.
 
-  task.toml       schema 1.0-1.4 (`version` or `schema_version`); what Polar uses: [agent] timeout_sec,
-                  [verifier] timeout_sec, [environment] docker_image, cpus, memory_mb (or 1.0's memory = "2G"),
-                  [metadata] (carried into the trajectory table). Other keys are Harbor's and are left alone.
+  task.toml       any `version` / `schema_version` (one warning line for a major version Polar does not know).
+                  What Polar uses: [agent] timeout_sec, user; [verifier] timeout_sec, env, user;
+                  [environment] docker_image, workdir, env, cpus, memory_mb (or 1.0's memory = "2G"), storage_mb,
+                  gpus (refused on a node without them), allow_internet / network_mode (no sample gets the
+                  internet: a task that asks for it is refused unless the batch runs it offline), healthcheck
+                  (a shell line, or {command, timeout_sec}); artifacts (workdir paths kept in the sample folder);
+                  [metadata] (carried into the trajectory table). `user` is accepted and mapped onto the
+                  unprivileged polar-sandbox user (no sample process is root). Multi-step tasks (`steps`) are
+                  refused with one line. Other keys are Harbor's and are left alone.
   instruction.md  the instruction, as the harness gets it
   environment/    Dockerfile (built by the container engine, polar/sandbox/docker.py) unless task.toml names a
-                  prebuilt docker_image; neither: the default image (`host`). environment/workspace/, when there,
-                  seeds the agent's workspace (a Polar addition: Harbor's files live in the image)
+                  prebuilt docker_image; neither: the default image (`host`). The agent works in the image's
+                  workdir (task.toml's, else the image's WORKDIR), writable, seeded from the image's own files
+                  there (polar/sandbox/image_files.py). environment/workspace/, when there, seeds the workspace
+                  instead (a Polar addition)
   tests/          test.sh and what it needs: staged read-only at /tests of the verify sandbox only, after the agent
                   finished; its pytest files are first run by Polar's observer (polar/tasks/harbor_observe.py);
                   it writes /logs/verifier/reward.txt (a number) or reward.json ({"reward": main, extras...})
@@ -23,21 +31,29 @@ from __future__ import annotations
 
 import datetime
 import json
+import glob
 import math
 import os
 import re
+import sys
 import tomllib
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping, Sequence
 
-from polar.tasks.task import SESSION_MARGIN_S, TESTS_AT, EvaluatorSpec, Submit, TaskError, TaskSpec
+from polar.tasks.task import (LOGS_AT, SESSION_MARGIN_S, SOLUTION_AT, TESTS_AT, EvaluatorSpec, Submit, TaskError,
+                              TaskSpec)
 from polar.tasks.agent_files import AgentFileError, read_beneath
 from polar.tasks.roots import inside, outside, tasks_roots
 from polar_traj.records import check_id
 
 TASK_FILE = "task.toml"
-SCHEMA_VERSIONS = ("1.0", "1.1", "1.2", "1.3", "1.4")
+KNOWN_MAJORS = ("1", "2")  # schema versions whose keys Polar reads; another is read with one warning line
+UNKNOWN_VERSION = "polar: {file}: schema version {version!r} is newer than Polar knows ({known}.x): read as 2.x"
+OFFLINE_NETWORKS = ("none", "no-network", "disabled")  # network_mode values that ask for no network
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+POLAR_PATHS = (TESTS_AT, LOGS_AT, SOLUTION_AT, "/.polar", "/proc", "/dev", "/tmp", "/usr", "/etc")  # not a workdir
+HEALTHCHECK_TIMEOUT_S = 60.0
 DEFAULT_TIMEOUT_S = 600.0  # Harbor's default for the agent and for the verifier
 TEST_COMMAND = ("bash", f"{TESTS_AT}/test.sh")
 MIN_MEMORY_MB = 16  # polar/sandbox/limits.py's floor
@@ -86,10 +102,17 @@ def load_harbor_task(task_dir: Path, roots: Sequence[Path] | None = None) -> Tas
     except tomllib.TOMLDecodeError as e:
         raise TaskError(f"{toml_file}: toml: {e}") from e
     fail = lambda key, problem: TaskError(f"{toml_file}: {key}: {problem}")  # noqa: E731
-    version = config.get("schema_version", config.get("version", "1.0"))
-    if str(version) not in SCHEMA_VERSIONS:
-        raise fail("schema_version", f"{version!r}: expected one of {', '.join(SCHEMA_VERSIONS)}")
+    version = str(config.get("schema_version", config.get("version", "1.0")))
+    if version.split(".")[0] not in KNOWN_MAJORS:
+        print(UNKNOWN_VERSION.format(file=toml_file, version=version, known="/".join(KNOWN_MAJORS)),
+              file=sys.stderr, flush=True)
+    if "steps" in config:
+        raise fail("steps", "multi-step tasks are not supported yet: give each step its own task directory")
     agent, verifier, env = (_table(config, k, fail) for k in ("agent", "verifier", "environment"))
+    for table, key in ((agent, "agent.user"), (verifier, "verifier.user")):  # mapped onto polar-sandbox
+        user = table.get("user")
+        if user is not None and (isinstance(user, bool) or not isinstance(user, (str, int))):
+            raise fail(key, f"expected a user name or id, got {user!r}")
     metadata = _table(config, "metadata", fail)
     try:
         task_id = check_id(task_dir.name, "task_id")
@@ -112,14 +135,103 @@ def load_harbor_task(task_dir: Path, roots: Sequence[Path] | None = None) -> Tas
     workspace = task_dir / "environment" / "workspace"
     cpus = None if env.get("cpus") is None else _positive(env["cpus"], "environment.cpus", fail)
     memory = _memory(env, fail)
-    harbor = {k: v for k, v in {"cpus": cpus, "memory_mb": memory}.items() if v is not None}
+    storage = None if env.get("storage_mb") is None else int(_positive(env["storage_mb"], "environment.storage_mb",
+                                                                            fail))
+    _gpus(env, fail)
+    workdir = _workdir(env, fail)
+    harbor = {k: v for k, v in {"cpus": cpus, "memory_mb": memory, "storage_mb": storage}.items() if v is not None}
     meta = {**_plain(metadata), "harbor": {**_plain({k: v for k, v in config.items() if k in ("task", "source")}),
                                            **harbor}}
     return TaskSpec(task_id, instruction, workspace.resolve() if workspace.is_dir() else None,
                     _image(task_dir, env, fail), None,
-                    EvaluatorSpec("harbor", command=" ".join(TEST_COMMAND), timeout_s=verify_timeout),
+                    EvaluatorSpec("harbor", command=" ".join(TEST_COMMAND), timeout_s=verify_timeout,
+                                  env=_env(verifier, "verifier.env", fail)),
                     timeout, timeout + verify_timeout + SESSION_MARGIN_S, MappingProxyType(meta), tests.resolve(),
-                    memory_mb=memory, cpus=cpus, submit=_submit(_table(config, "polar", fail), fail))
+                    memory_mb=memory, cpus=cpus, submit=_submit(_table(config, "polar", fail), fail),
+                    workdir=workdir, env=_env(env, "environment.env", fail), storage_mb=storage,
+                    wants_internet=_wants_internet(env, fail), healthcheck=_healthcheck(env, fail),
+                    artifacts=_artifacts(config.get("artifacts", env.get("artifacts")), workdir, fail))
+
+
+def _workdir(env: Mapping[str, Any], fail: Any) -> str | None:
+    """[environment] workdir: an absolute path, where the agent works (None: the image's WORKDIR)."""
+    value = env.get("workdir")
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.startswith("/") or ".." in value.split("/"):
+        raise fail("environment.workdir", f"expected an absolute path, got {value!r}")
+    path = os.path.normpath(value)
+    clash = "/" if path == "/" else next((p for p in POLAR_PATHS if path == p or path.startswith(p + "/")
+                                          or p.startswith(path + "/")), None)
+    if clash:
+        raise fail("environment.workdir", f"{path}: overlaps {clash}, which the sandbox keeps for itself")
+    return path
+
+
+def _env(table: Mapping[str, Any], key: str, fail: Any) -> MappingProxyType:
+    """A table of environment variables: names as the shell takes them, values as text."""
+    value = table.get("env", {})
+    if not isinstance(value, dict):
+        raise fail(key, f"expected a table of variables, got {value!r}")
+    out = {}
+    for name, v in value.items():
+        if not _ENV_NAME.fullmatch(name) or isinstance(v, (dict, list)) or v is None or "\0" in str(v):
+            raise fail(key, f"{name} = {v!r}: expected NAME = \"text\"")
+        out[name] = str(v).lower() if isinstance(v, bool) else str(v)
+    return MappingProxyType(out)
+
+
+def _wants_internet(env: Mapping[str, Any], fail: Any) -> bool:
+    allow, mode = env.get("allow_internet"), env.get("network_mode")
+    if allow is not None and not isinstance(allow, bool):
+        raise fail("environment.allow_internet", f"expected true or false, got {allow!r}")
+    if mode is not None and not isinstance(mode, str):
+        raise fail("environment.network_mode", f"expected a network mode, got {mode!r}")
+    return bool(allow) or (mode is not None and mode not in OFFLINE_NETWORKS)
+
+
+def _gpus(env: Mapping[str, Any], fail: Any) -> None:
+    """[environment] gpus: refused on a node without that many (Polar's sandboxes bind no GPU either way)."""
+    gpus = env.get("gpus")
+    if gpus is None or gpus == 0:
+        return
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 0:
+        raise fail("environment.gpus", f"expected a number of GPUs, got {gpus!r}")
+    here = len(glob.glob("/dev/nvidia[0-9]*"))
+    if here < gpus:
+        raise fail("environment.gpus", f"the task asks for {gpus} GPU(s); this node has {here} (run it on a GPU node)")
+
+
+def _healthcheck(env: Mapping[str, Any], fail: Any) -> str | None:
+    check = env.get("healthcheck")
+    if isinstance(check, dict):
+        check = check.get("command", check.get("cmd"))
+    if check is None:
+        return None
+    if isinstance(check, list) and all(isinstance(a, str) for a in check):
+        check = " ".join(check)
+    if not isinstance(check, str) or not check.strip():
+        raise fail("environment.healthcheck", f"expected a shell line or {{command = ...}}, got {check!r}")
+    return check
+
+
+def _artifacts(value: Any, workdir: str | None, fail: Any) -> tuple[str, ...]:
+    """Paths kept after the run: relative to the workspace, or absolute under the workdir."""
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
+        raise fail("artifacts", f"expected a list of paths, got {value!r}")
+    out = []
+    for v in value:
+        rel = v
+        if v.startswith("/"):
+            if not workdir or not (v + "/").startswith(workdir.rstrip("/") + "/"):
+                raise fail("artifacts", f"{v}: only paths in the workdir ({workdir or 'none'}) can be kept")
+            rel = os.path.relpath(v, workdir)
+        if rel == "." or ".." in Path(rel).parts:
+            raise fail("artifacts", f"{v}: expected a path inside the workdir")
+        out.append(rel)
+    return tuple(out)
 
 
 def _submit(polar: Mapping[str, Any], fail: Any) -> Submit:

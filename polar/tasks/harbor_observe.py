@@ -17,6 +17,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Mapping
 
 from polar.sandbox.runtime import Mounts, Sandbox
 from polar.tasks.task import TESTS_AT
@@ -43,7 +44,8 @@ def pytest_files(tests: Path) -> list[str]:
     return named or found
 
 
-def observe(sandbox: Sandbox, mounts: Mounts, out: Path, timeout_s: float) -> Observation:
+def observe(sandbox: Sandbox, mounts: Mounts, out: Path, timeout_s: float, task_vars: Mapping[str, str] = {}
+            ) -> Observation:
     from polar.tasks.evaluation import task_env
     from polar.tasks.observed import EMPTY_INI, RUNNER, runner_folder
     from polar.tasks.observer import Channel, expected_tests, judge
@@ -52,7 +54,7 @@ def observe(sandbox: Sandbox, mounts: Mounts, out: Path, timeout_s: float) -> Ob
     files = pytest_files(tests)
     if not files:
         return _unobserved("no pytest file in /tests")
-    env = {**task_env(mounts), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    env = {**task_env(mounts, task_vars), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
     probe = sandbox.exec(PROBE, env, Path("/"), min(PROBE_TIMEOUT_S, timeout_s), out / "observer-probe.stdout",
                          out / "observer-probe.stderr")
     if probe.exit_code != 0 or probe.timed_out:
@@ -63,7 +65,7 @@ def observe(sandbox: Sandbox, mounts: Mounts, out: Path, timeout_s: float) -> Ob
     argv = ["python3", "-I", str(folder / RUNNER), "pytest", str(channel.path), str(folder / EMPTY_INI), TESTS_AT,
             "--", *(f"{TESTS_AT}/{f}" for f in files)]
     try:
-        ran = sandbox.exec(argv, env, mounts.workspace, timeout_s, out / "observer.stdout", out / "observer.stderr")
+        ran = sandbox.exec(argv, env, mounts.cwd, timeout_s, out / "observer.stdout", out / "observer.stderr")
     finally:
         records = channel.close()
     if not records.connected:

@@ -38,10 +38,10 @@ def runner_folder(mounts: Mounts, name: str = "observer") -> Path:
 def _exec(argv: list[str], spec: EvaluatorSpec, sandbox: Sandbox, mounts: Mounts, out: Path, timeout_s: float,
           channel: Channel) -> tuple[Records, str, int | None, Evaluation | None]:
     """(records, output, exit code, the timeout's verdict or None): the runner in the sandbox, the channel read."""
-    env = {**task_env(mounts), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}  # no entry point found on sys.path loads
+    env = {**task_env(mounts, spec.env), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}  # no entry point found on sys.path loads
     stdout, stderr = out / "evaluator.stdout", out / "evaluator.stderr"
     try:
-        result = sandbox.exec(argv, env, mounts.workspace, timeout_s, stdout, stderr)
+        result = sandbox.exec(argv, env, mounts.cwd, timeout_s, stdout, stderr)
     finally:
         records = channel.close()
     output = (read_tail(stdout) + read_tail(stderr))[-OUTPUT_LIMIT:]
@@ -57,8 +57,8 @@ def run_pytest(spec: EvaluatorSpec, sandbox: Sandbox, mounts: Mounts, out: Path,
     """The task's test files (staged in the workspace by prepare_verify) under Polar's runner; the reward from the
     per-test records, judged against the ids read here from the same files before the runner starts."""
     expected: list[str] = []
-    for rel in spec.pytest:
-        expected += expected_tests(mounts.workspace, rel)
+    for rel in spec.pytest:  # a file's tests, or one test by its id (an SWE instance's, polar/tasks/swe.py)
+        expected += [rel.partition("[")[0]] if "::" in rel else expected_tests(mounts.workspace, rel)
     folder = runner_folder(mounts)
     ini = mounts.workspace / "pytest.ini"  # the task's own (never taken from the agent: polar/tasks/allow.py)
     try:

@@ -15,6 +15,7 @@ from pathlib import Path
 from polar.sandbox.identity import copy_without_privileges
 from polar.sandbox.runtime import Mounts, get_runtime, resolve_runtime
 from polar.tasks.evaluate import Evaluation, evaluate, task_env
+from polar.tasks.image_task import resolve_image_task
 from polar.tasks.precheck import pristine
 from polar.tasks.task import SOLUTION_AT, TaskSpec
 from polar.tasks.verify import prepare_verify
@@ -33,15 +34,16 @@ def run_oracle(task: TaskSpec, solve: Path, runtime: str, out: Path) -> OracleRe
     home, workspace, shared, solution = out / "home", out / "workspace", out / "shared", out / "solution"
     for d in (home / ".tmp", shared):
         d.mkdir(parents=True)
+    name = resolve_runtime(runtime, task.image)
+    task = resolve_image_task(task, name)  # the image's workdir, files and variables
     pristine(task.workspace, workspace)
     copy_without_privileges(solve.parent, solution)
-    name = resolve_runtime(runtime, task.image)
-    mounts = Mounts(home, workspace, shared, ((solution, SOLUTION_AT),))
+    mounts = Mounts(home, workspace, shared, ((solution, SOLUTION_AT),), workdir=task.workdir)
     sandboxes = get_runtime(name, limits=task.sandbox_limits())
     sandbox = sandboxes.prepare(mounts, image=task.image, instance=f"polar-oracle-{uuid.uuid4().hex[:12]}")
     try:
-        ran = sandbox.exec(["bash", f"{SOLUTION_AT}/{solve.name}"], task_env(mounts), workspace, task.timeout_s,
-                           out / "solve.stdout", out / "solve.stderr")
+        ran = sandbox.exec(["bash", f"{SOLUTION_AT}/{solve.name}"], task_env(mounts, task.env), mounts.cwd,
+                           task.timeout_s, out / "solve.stdout", out / "solve.stderr")
     finally:
         sandbox.stop()
     shutil.rmtree(solution)  # not in the verifier's view either

@@ -27,6 +27,7 @@ import yaml
 
 # the task's values live in polar/tasks/task.py; callers import them from here too
 from polar.tasks.harbor import load_harbor
+from polar.tasks.swe import is_swe, load_swe
 from polar.tasks.roots import adapters_root, inside, outside, roots_text, tasks_roots
 from polar.tasks.task import (DEFAULT_EVAL_TIMEOUT_S, DEFAULT_MAX_CALLS, DEFAULT_REWARD_RANGE,  # noqa: F401
                               DEFAULT_TIMEOUT_S, SESSION_MARGIN_S, EvaluatorSpec, Submit, TaskError, TaskSpec)
@@ -71,6 +72,8 @@ def load_tasks(path: str | Path, tasks_root: str | Path | Sequence[str | Path] |
     except (OSError, UnicodeDecodeError) as e:
         raise TaskError(f"{path}:0: file: cannot read: {e}") from e
     items = _jsonl_items(path, text) if path.suffix == ".jsonl" else _yaml_items(path, text)
+    if path.suffix == ".jsonl" and items and is_swe(items[0][0]):
+        return load_swe(path, [(raw, where.line) for raw, where in items], roots)
     tasks, seen = [], {}
     for raw, where in items:
         task = _parse_task(raw, where, path.resolve().parent, roots)
@@ -84,6 +87,19 @@ def load_tasks(path: str | Path, tasks_root: str | Path | Sequence[str | Path] |
     if bare:  # one line per file, however many tasks lack it
         print(NO_SUBMIT_WARNING.format(file=path, tasks=", ".join(bare)), file=sys.stderr, flush=True)
     return tasks
+
+
+RUN_OFFLINE = "--run-offline"
+
+
+def refuse_online(tasks: Sequence[TaskSpec], run_offline: bool, where: Path | str) -> None:
+    """No sample gets the internet (DESIGN.md §2): a task that asks for it (a Harbor task's allow_internet or
+    network_mode) is refused, unless the operator runs it without (`--run-offline`)."""
+    asking = [t.task_id for t in tasks if t.wants_internet]
+    if asking and not run_offline:
+        named = ", ".join(asking[:5]) + (f" and {len(asking) - 5} more" if len(asking) > 5 else "")
+        raise TaskError(f"{where}: {named}: asks for the internet (allow_internet / network_mode), which no sample "
+                        f"gets here; pass {RUN_OFFLINE} to run it without")
 
 
 def select_task(tasks: list[TaskSpec], task_id: str | None, path: Path) -> TaskSpec:

@@ -56,16 +56,17 @@ class EvaluatorSpec:
     python: str | None = None  # kind python: module:function(workspace: Path, summary: dict) -> float|dict
     timeout_s: float = DEFAULT_EVAL_TIMEOUT_S
     pytest: tuple[str, ...] = ()  # kind pytest: the task's test files, relative to `tests:` (polar/tasks/observer.py)
+    env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))  # the verifier's own variables
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "command": self.command, "reward": self.reward, "reward_file": self.reward_file,
                 "files": dict(self.files), "python": self.python, "timeout_s": self.timeout_s,
-                "pytest": list(self.pytest)}
+                "pytest": list(self.pytest), "env": dict(self.env)}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> EvaluatorSpec:
         return cls(**{**data, "files": MappingProxyType(dict(data.get("files") or {})),
-                      "pytest": tuple(data.get("pytest") or ())})
+                      "pytest": tuple(data.get("pytest") or ()), "env": MappingProxyType(dict(data.get("env") or {}))})
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,14 @@ class TaskSpec:
     memory_mb: int | None = None  # a Harbor task's [environment] resources; None: the node's sandbox limits
     cpus: float | None = None
     submit: Submit | None = None  # what the agent's work may contribute; None: DEFAULT_SUBMIT
+    # Where the sandbox sees the workspace (a Harbor task's workdir, `/app`); None: at its host path. For a task
+    # whose image holds files there, polar/sandbox/image_files.py seeds the workspace from them.
+    workdir: str | None = None
+    env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))  # the agent's sandbox variables
+    storage_mb: int | None = None  # the agent's writable folders' quota (polar/sandbox/quota.py); None: the node's
+    wants_internet: bool = False  # the task asks for the internet, which no sample gets: refused unless allowed
+    healthcheck: str | None = None  # a shell line that must pass in the agent's sandbox before the agent starts
+    artifacts: tuple[str, ...] = ()  # workspace paths copied into the sample folder (artifacts/) after the run
 
     @property
     def allowed(self) -> Submit:
@@ -103,7 +112,9 @@ class TaskSpec:
                 "session_timeout_s": self.session_timeout_s, "metadata": dict(self.metadata),
                 "tests": str(self.tests) if self.tests else None, "protected": list(self.protected),
                 "reward_range": list(self.reward_range), "max_calls": self.max_calls, "memory_mb": self.memory_mb,
-                "cpus": self.cpus, "submit": self.submit.to_dict() if self.submit else None}
+                "cpus": self.cpus, "submit": self.submit.to_dict() if self.submit else None, "workdir": self.workdir,
+                "env": dict(self.env), "storage_mb": self.storage_mb, "wants_internet": self.wants_internet,
+                "healthcheck": self.healthcheck, "artifacts": list(self.artifacts)}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TaskSpec:
@@ -114,4 +125,6 @@ class TaskSpec:
                    Path(data["tests"]) if data.get("tests") else None, tuple(data.get("protected") or ()),
                    tuple(data.get("reward_range") or DEFAULT_REWARD_RANGE),  # type: ignore[arg-type]
                    int(data.get("max_calls") or DEFAULT_MAX_CALLS), data.get("memory_mb"), data.get("cpus"),
-                   Submit.from_dict(data.get("submit")))
+                   Submit.from_dict(data.get("submit")), data.get("workdir"),
+                   MappingProxyType(dict(data.get("env") or {})), data.get("storage_mb"),
+                   bool(data.get("wants_internet")), data.get("healthcheck"), tuple(data.get("artifacts") or ()))

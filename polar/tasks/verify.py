@@ -19,6 +19,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from polar.sandbox import quota
 from polar.sandbox.identity import copy_without_privileges
 from polar.sandbox.runtime import Mounts
 from polar.tasks.agent_files import AgentFileError, AgentFileMissing, clear_path, read_beneath
@@ -40,12 +41,18 @@ class VerifyGround:
     suspicious: tuple[str, ...] = ()  # "PATH: WHAT" for changes that reach for the verifier (suspicious.py)
 
 
-def prepare_verify(task: TaskSpec, out: Path, before: dict[str, str], after: dict[str, str]) -> VerifyGround:
+def prepare_verify(task: TaskSpec, out: Path, before: dict[str, str], after: dict[str, str],
+                   disk_mb: int | None = None) -> VerifyGround:
     """Build `out/verify` from the task's pristine workspace and the agent's final one, `out/workspace`.
     `before` and `after` are the workspace's snapshots (relative path -> digest) at the harness's start and end:
-    a path alike in both was not the agent's doing (a file the harness wrote), so it is left out unnamed."""
-    root = out / "verify"
-    shutil.rmtree(root, ignore_errors=True)  # a retried stage starts from the pristine workspace again
+    a path alike in both was not the agent's doing (a file the harness wrote), so it is left out unnamed.
+    `disk_mb`: the sample's disk quota; the ground then gets a disk of its own, room for the pristine workspace
+    and that much of the agent's changes (polar/sandbox/quota.py)."""
+    root, disk = out / "verify", out / quota.VERIFY_DISK
+    quota.remove_disk(disk, (("ground", root),), keep=False)  # a retried stage starts from the pristine workspace
+    shutil.rmtree(root, ignore_errors=True)
+    if disk_mb:
+        quota.make_disk(disk, disk_mb + quota.tree_mb(task.workspace) + quota.SLACK_MB, (("ground", root),))
     workspace, home, shared = root / "workspace", root / "home", root / "shared"
     for d in (home / ".tmp", shared):
         d.mkdir(parents=True)
@@ -61,7 +68,8 @@ def prepare_verify(task: TaskSpec, out: Path, before: dict[str, str], after: dic
     hooks = [f"~/{shown(p)}" for p in home_hooks(out / "home")]
     suspicious = scan_changes(out / "workspace", submission) + [f"{h}: Python start-up hook" for h in hooks]
     binds, ro_binds = _harbor_binds(task, root) if harbor else ((), ())
-    return VerifyGround(Mounts(home, workspace, shared, binds, ro_binds), tuple(dropped + hooks), tuple(suspicious))
+    return VerifyGround(Mounts(home, workspace, shared, binds, ro_binds, task.workdir), tuple(dropped + hooks),
+                        tuple(suspicious))
 
 
 def _harbor_binds(task: TaskSpec, root: Path) -> tuple[tuple[tuple[Path, str], ...], tuple[tuple[Path, str], ...]]:

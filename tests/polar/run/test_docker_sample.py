@@ -66,7 +66,7 @@ def test_reward_in_the_container_runtime(runs, name: str) -> None:
     rows = read_trajectories(result.trajectories).to_pylist()
     assert rows and all(r["reward"] == reward and r["weight"] == 1.0 for r in rows)
     state = json.loads((out / "sample.json").read_text())
-    assert state["cleaned"] == {"session": True, "sandbox": True, "verify_sandbox": True}
+    assert state["cleaned"] == {"session": True, "sandbox": True, "verify_sandbox": True, "disks": True}
     assert state["instance"] != state["verify_instance"]  # verified in a fresh container
     assert not {state["instance"], state["verify_instance"]} & names(require_engine())  # both removed
 
@@ -104,4 +104,5 @@ def test_sigterm_of_polar_run_removes_the_container(tmp_path, policies_dir, tiny
         proc.kill()
     assert proc.returncode == 130 and "interrupted" in output, output
     assert name not in names(engine)
-    assert json.loads((out / "sample.json").read_text())["cleaned"] == {"session": True, "sandbox": True}
+    cleaned = json.loads((out / "sample.json").read_text())["cleaned"]
+    assert cleaned == {"session": True, "sandbox": True, "disks": True}

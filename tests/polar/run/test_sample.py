@@ -92,7 +92,7 @@ def test_fixed_bug_scores_one(fixed, tokenizer, task_id: str, harness: str) -> N
     assert result.exit_code == 0 and result.runtime == "apptainer"
     assert "1 passed" in result.evaluator_output
     state = json.loads((cfg.out / "sample.json").read_text())
-    assert state["cleaned"] == {"session": True, "sandbox": True, "verify_sandbox": True}
+    assert state["cleaned"] == {"session": True, "sandbox": True, "verify_sandbox": True, "disks": True}
     assert state["instance"] != state["verify_instance"] and result.tampered == []  # verified in a fresh instance
     table = rows(result)
     assert table and all(r["task_id"] == task_id and r["group_id"] == task_id for r in table)
@@ -228,7 +228,8 @@ def test_sigterm_of_polar_run_stops_the_instance(tmp_path, policies_dir, tiny_mo
         proc.kill()
     assert proc.returncode == 130 and "interrupted" in output, output
     assert name not in instances()
-    assert json.loads((out / "sample.json").read_text())["cleaned"] == {"session": True, "sandbox": True}
+    cleaned = json.loads((out / "sample.json").read_text())["cleaned"]
+    assert cleaned == {"session": True, "sandbox": True, "disks": True}
 
 
 class Watch:

@@ -62,10 +62,63 @@ def test_the_fixture_folder_reads_as_three_tasks():
     assert [t.task_id for t in load_tasks(HARBOR / "fix-mul")] == ["fix-mul"]  # one task directory
 
 
-@pytest.mark.parametrize("header", ['version = "1.0"', 'schema_version = "1.2"', 'schema_version = "1.4"', ""])
-def test_schema_versions_in_use_are_read(tmp_path, header):
+@pytest.mark.parametrize("header", ['version = "1.0"', 'schema_version = "1.2"', 'schema_version = "1.4"',
+                                    'version = "2.0"', 'schema_version = "2.1"', ""])
+def test_schema_versions_in_use_are_read(tmp_path, header, capsys):
     task = task_copy(tmp_path, "write-hello", {"task.toml": f"{header}\n[agent]\ntimeout_sec = 30\n"})
     assert load_tasks(task)[0].timeout_s == 30.0
+    assert capsys.readouterr().err == ""
+
+
+def test_an_unknown_major_version_is_read_with_one_warning(tmp_path, capsys):
+    task = task_copy(tmp_path, "write-hello", {"task.toml": 'version = "3.0"\n[agent]\ntimeout_sec = 30\n'})
+    assert load_tasks(task)[0].timeout_s == 30.0
+    assert capsys.readouterr().err == (f"polar: {task / 'task.toml'}: schema version '3.0' is newer than Polar "
+                                       "knows (1/2.x): read as 2.x\n")
+
+
+HARBOR_KEYS = """version = "2.0"
+artifacts = ["/app/out.txt", "logs/run.log"]
+[agent]
+user = "agent"
+[verifier]
+user = "root"
+env = { STRICT = "yes", LEVEL = 3 }
+[environment]
+workdir = "/app/"
+env = { GREETING = "hi", DEBUG = true }
+storage_mb = 512
+allow_internet = false
+network_mode = "none"
+gpus = 0
+healthcheck = { command = "test -d /app", timeout_sec = 5 }
+"""
+
+
+def test_every_harbor_key_is_read(tmp_path):
+    task = load_tasks(task_copy(tmp_path, "write-hello", {"task.toml": HARBOR_KEYS}))[0]
+    assert (task.workdir, dict(task.env), task.storage_mb, task.wants_internet) == (
+        "/app", {"GREETING": "hi", "DEBUG": "true"}, 512, False)
+    assert dict(task.evaluator.env) == {"STRICT": "yes", "LEVEL": "3"}
+    assert (task.healthcheck, task.artifacts) == ("test -d /app", ("out.txt", "logs/run.log"))
+    assert task.metadata["harbor"]["storage_mb"] == 512
+    assert type(task).from_dict(task.to_dict()) == task  # through sample.json and the manifest unchanged
+    for asks in ("allow_internet = true", 'network_mode = "bridge"'):
+        toml = HARBOR_KEYS.replace("allow_internet = false", asks) if "allow" in asks else \
+            HARBOR_KEYS.replace('network_mode = "none"', asks)
+        assert load_tasks(task_copy(tmp_path / asks[:5], "write-hello", {"task.toml": toml}))[0].wants_internet
+
+
+def test_a_task_that_asks_for_the_internet_runs_only_offline_when_asked(tmp_path):
+    toml = (HARBOR / "write-hello" / "task.toml").read_text().replace("cpus = 1", "cpus = 1\nallow_internet = true")
+    task = task_copy(tmp_path, "write-hello", {"task.toml": toml})
+    done = polar("run", "--task", str(task), "--oracle", "--runtime", "bwrap", "--out", str(tmp_path / "o1"))
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr == (f"polar run: {task}: write-hello: asks for the internet (allow_internet / network_mode), "
+                           "which no sample gets here; pass --run-offline to run it without\n")
+    done = polar("run", "--task", str(task), "--oracle", "--runtime", "bwrap", "--run-offline",
+                 "--out", str(tmp_path / "o2"))
+    assert done.returncode == 0 and "solve.sh exit 0, reward 1" in done.stdout, done.stdout + done.stderr
 
 
 def test_images_a_task_names(tmp_path):
@@ -86,7 +139,22 @@ def test_images_a_task_names(tmp_path):
     ({"task.toml": "[agent]\ntimeout_sec = -5\n"}, "task.toml", "agent.timeout_sec: expected a positive number of "
                                                                 "seconds, got -5"),
     ({"task.toml": '[verifier]\ntimeout_sec = "soon"\n'}, "task.toml", "verifier.timeout_sec: expected a positive"),
-    ({"task.toml": 'schema_version = "2.0"\n'}, "task.toml", "schema_version: '2.0': expected one of"),
+    ({"task.toml": '[environment]\nworkdir = "app"\n'}, "task.toml", "environment.workdir: expected an absolute"),
+    ({"task.toml": '[environment]\nworkdir = "/tmp/x"\n'}, "task.toml", "environment.workdir: /tmp/x: overlaps "
+                                                                         "/tmp"),
+    ({"task.toml": '[environment]\nworkdir = "/"\n'}, "task.toml", "environment.workdir: /: overlaps /"),
+    ({"task.toml": '[environment]\nenv = { "1X" = "a" }\n'}, "task.toml", "environment.env: 1X = 'a': expected"),
+    ({"task.toml": '[verifier]\nenv = "A=1"\n'}, "task.toml", "verifier.env: expected a table of variables"),
+    ({"task.toml": '[environment]\nstorage_mb = -1\n'}, "task.toml", "environment.storage_mb: expected a positive"),
+    ({"task.toml": '[environment]\ngpus = 64\n'}, "task.toml", "environment.gpus: the task asks for 64 GPU(s); "
+                                                                 "this node has"),
+    ({"task.toml": '[environment]\nallow_internet = "no"\n'}, "task.toml", "environment.allow_internet: expected "
+                                                                             "true or false"),
+    ({"task.toml": '[environment]\nhealthcheck = 5\n'}, "task.toml", "environment.healthcheck: expected a shell"),
+    ({"task.toml": '[agent]\nuser = ["a"]\n'}, "task.toml", "agent.user: expected a user name or id"),
+    ({"task.toml": 'artifacts = ["/etc/passwd"]\n[environment]\nworkdir = "/app"\n'}, "task.toml",
+     "artifacts: /etc/passwd: only paths in the workdir (/app) can be kept"),
+    ({"task.toml": '[[steps]]\ninstruction = "a"\n'}, "task.toml", "steps: multi-step tasks are not supported"),
     ({"task.toml": "[agent\n"}, "task.toml", "toml: "),
     ({"task.toml": 'agent = "fast"\n'}, "task.toml", "agent: expected a table [agent]"),
     ({"task.toml": '[environment]\nmemory = "lots"\n'}, "task.toml", "environment.memory: expected a size"),

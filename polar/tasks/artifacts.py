@@ -1,0 +1,51 @@
+"""A task's artifacts (Harbor's `artifacts`): files of the agent's final workspace kept in the sample folder, for a
+person to look at; they decide nothing. Read as the agent left them: no link followed on the way (a link itself
+is kept as a link), no setuid bit, at most ARTIFACT_LIMIT bytes in all."""
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+from typing import Sequence
+
+from polar.sandbox.identity import copy_without_privileges
+
+ARTIFACT_LIMIT = 64 << 20
+
+
+def keep_artifacts(workspace: Path, paths: Sequence[str], dest: Path) -> list[str]:
+    """Copy each workspace path that exists into `dest`; the ones kept, or why one was not."""
+    kept, budget = [], ARTIFACT_LIMIT
+    for rel in paths:
+        src = workspace / rel
+        if _linked_parent(workspace, rel):
+            kept.append(f"{rel}: not kept (a link on its way)")
+            continue
+        if not os.path.lexists(src):
+            kept.append(f"{rel}: not there")
+            continue
+        size = _size(src)
+        if size > budget:
+            kept.append(f"{rel}: not kept ({size} bytes; {ARTIFACT_LIMIT} in all)")
+            continue
+        budget -= size
+        copy_without_privileges(src, dest / rel)
+        kept.append(rel)
+    return kept
+
+
+def _linked_parent(workspace: Path, rel: str) -> bool:
+    """Whether a folder on the way from the workspace to `rel` is a link (the agent may point one anywhere)."""
+    here = workspace
+    for part in Path(rel).parts[:-1]:
+        here = here / part
+        if here.is_symlink():
+            return True
+    return False
+
+
+def _size(path: Path) -> int:
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        return st.st_size
+    return sum(os.lstat(os.path.join(d, f)).st_size for d, _dirs, files in os.walk(path) for f in files)
