@@ -15,8 +15,9 @@ sif=0
 [ "${1:-}" != --sif ] || { sif=1; shift; }
 dest=${1:-.cache/images/polar-tasks}
 suite=$(. /etc/os-release && echo "${VERSION_CODENAME:-bookworm}")
-# libstdc++6: the host's node (bound in read-only for the harness CLIs) links it; bash/sed/grep come with minbase.
-include=python3,python3-pytest,git,ca-certificates,libstdc++6,procps
+# libstdc++6: the host's node (bound in read-only for the harness CLIs) links it; bash/sed/grep come with minbase;
+# tcc and libc6-dev: a small C compiler for the C tasks of fixtures/tbench (about 25 MB, gcc would be 200).
+include=python3,python3-pytest,git,ca-certificates,libstdc++6,procps,tcc,libc6-dev
 apptainer=$PWD/.tools/apptainer/usr/bin/apptainer
 stamp_want="suite=$suite include=$include script=$(sha256sum "$self" | cut -c1-16)"
 

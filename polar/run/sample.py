@@ -44,10 +44,10 @@ from polar.sandbox.runtime import Mounts, Sandbox, get_runtime, resolve_runtime
 from polar.tasks.artifacts import keep_artifacts
 from polar.tasks.evaluate import Evaluation, EvaluatorCrash, evaluate
 from polar.tasks.evaluation import read_tail, task_env
-from polar.tasks.harbor import HEALTHCHECK_TIMEOUT_S
 from polar.tasks.image_task import resolve_image_task
 from polar.tasks.precheck import check_verifier
 from polar.tasks.spec import TaskSpec
+from polar.tasks.task import HEALTHCHECK_TIMEOUT_S
 from polar.tasks.verify import prepare_verify
 from polar_traj import atomic
 from polar_traj.capture_reader import read_capture
@@ -190,6 +190,7 @@ def _healthy(task: TaskSpec, sandbox: Sandbox, mounts: Mounts, state: SampleStat
         return False
     snapshot_workspace(mounts, out)
     return True
+
 
 def run_harness(sample_dir: Path) -> None:
     """The harness in the sample's sandbox, within the task's budget (less when the session budget is shorter)."""

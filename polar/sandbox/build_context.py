@@ -47,12 +47,14 @@ def _count(name: str, default: int) -> int:
 
 
 def context_digest(context: Path, caps: Caps) -> str:
-    """sha256 over every entry's relative path, kind and contents (a link: its target), sorted; raises
-    ContextError naming the cap as soon as the sizes or the count pass it, before reading any file."""
+    """sha256 over every entry's relative path, kind, executable bits and contents (a link: its target), sorted;
+    raises ContextError naming the cap as soon as the sizes or the count pass it, before reading any file. The
+    executable bits count: COPY keeps them, so a `chmod +x` in the context is another image."""
     entries = _entries(context, caps)
     digest = hashlib.sha256()
     for rel, kind, size in entries:
-        digest.update(f"{rel}\0{kind}\0".encode(errors="surrogateescape"))
+        modes = os.lstat(context / rel).st_mode & 0o111 if kind == "file" else 0
+        digest.update(f"{rel}\0{kind}\0{modes:o}\0".encode(errors="surrogateescape"))
         if kind == "link":
             digest.update(os.readlink(context / rel).encode(errors="surrogateescape"))
         elif kind == "file":

@@ -30,7 +30,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Callable, Iterator, Mapping
 
-from polar.sandbox.docker import CLI_CWD, CLI_TIMEOUT_S, Engine, find_engine, image_ref
+from polar.sandbox.docker import CLI_CWD, CLI_TIMEOUT_S, Engine
 from polar.sandbox.runtime import SandboxError
 
 CACHE_ENV = "POLAR_IMAGE_CACHE"
@@ -88,8 +88,35 @@ def root_filesystem(engine: Engine, facts: ImageFacts) -> Path:
             _untar(engine, ["export", name], tmp)
         for d in ("proc", "sys", "dev", "tmp"):  # Apptainer mounts its own there
             (tmp / d).mkdir(exist_ok=True)
+        if not (tmp / ".singularity.d").is_dir():  # an instance needs Apptainer's action scripts
+            _apptainer_meta(tmp)
+        _share_files(tmp, [p for p in dest.parent.parent.glob("*/rootfs") if p.is_dir()])
 
     return _once(dest, make)
+
+
+def _apptainer_meta(rootfs: Path) -> None:
+    """Apptainer's /.singularity.d, from a sandbox build of an empty folder (it does not depend on the tree)."""
+    from polar.sandbox.apptainer import apptainer_bin
+
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "empty").mkdir()
+        done = subprocess.run([str(apptainer_bin()), "-s", "build", "--sandbox", f"{tmp}/meta", f"{tmp}/empty"],
+                              capture_output=True, text=True, timeout=CLI_TIMEOUT_S)
+        if done.returncode != 0:
+            raise SandboxError(f"apptainer build --sandbox (for /.singularity.d) failed: {done.stderr[-300:]}")
+        shutil.copytree(Path(tmp) / "meta" / ".singularity.d", rootfs / ".singularity.d", symlinks=True)
+
+
+def _share_files(rootfs: Path, others: list[Path]) -> None:
+    """Hard-link the new root filesystem's files to identical ones (content, mode, owner, time) of the newest
+    other one: images built on one base share most files, and each export would hold them all again (11 task
+    images of the demo base: 3.5 GB, then ~0.3). Apptainer never writes into a sandbox directory it runs."""
+    hardlink = shutil.which("hardlink")
+    if not hardlink or not others:
+        return
+    newest = max(others, key=lambda p: p.stat().st_mtime)
+    subprocess.run([hardlink, "-q", str(rootfs), str(newest)], capture_output=True, timeout=CLI_TIMEOUT_S)
 
 
 @contextmanager

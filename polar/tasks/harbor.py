@@ -53,7 +53,6 @@ UNKNOWN_VERSION = "polar: {file}: schema version {version!r} is newer than Polar
 OFFLINE_NETWORKS = ("none", "no-network", "disabled")  # network_mode values that ask for no network
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 POLAR_PATHS = (TESTS_AT, LOGS_AT, SOLUTION_AT, "/.polar", "/proc", "/dev", "/tmp", "/usr", "/etc")  # not a workdir
-HEALTHCHECK_TIMEOUT_S = 60.0
 DEFAULT_TIMEOUT_S = 600.0  # Harbor's default for the agent and for the verifier
 TEST_COMMAND = ("bash", f"{TESTS_AT}/test.sh")
 MIN_MEMORY_MB = 16  # polar/sandbox/limits.py's floor

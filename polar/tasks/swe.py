@@ -12,7 +12,8 @@ the tasks root): nothing is fetched. Each instance becomes a task:
               them never counts (the test patch is applied by construction)
   evaluator   pytest on exactly the FAIL_TO_PASS and PASS_TO_PASS ids, under Polar's runner
               (polar/tasks/observer.py): reward 1 only when every one of them passed, per test
-  submit      the repository's files may change; new files only as *.py outside the test files
+  submit      the repository's files may change or go; new files only where the instance's optional `submit`
+              (workspace globs) says, none by default (polar/tasks/allow.py)
 `problem_statement` is the instruction. Every error is one line naming the file, the line and the field.
 """
 from __future__ import annotations
@@ -94,7 +95,7 @@ def _instance(path: Path, raw: Any, line: int, roots: Sequence[Path]) -> TaskSpe
     evaluator = EvaluatorSpec("pytest", pytest=tuple(fail_to_pass + pass_to_pass), timeout_s=DEFAULT_EVAL_TIMEOUT_S)
     return TaskSpec(task_id, raw["problem_statement"], workspace, str(raw.get("image") or "host"),
                     raw.get("adapter"), evaluator, timeout, timeout + DEFAULT_EVAL_TIMEOUT_S + SESSION_MARGIN_S,
-                    MappingProxyType(metadata), tests, submit=Submit(("**/*.py",), existing=True))
+                    MappingProxyType(metadata), tests, submit=Submit(_globs(raw.get("submit"), fail), existing=True))
 
 
 def _repo(path: Path, repo: str, roots: Sequence[Path], fail: Any) -> Path:
@@ -142,6 +143,15 @@ def _ids(value: Any, key: str, fail: Any) -> list[str]:
     if bad:
         raise fail(key, f"{bad[0]!r}: expected a pytest id, path/to/test_file.py::test_name, inside the repository")
     return list(value)
+
+
+def _globs(value: Any, fail: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(g, str) and g.strip() and not g.startswith("/")
+                                              and ".." not in Path(g).parts for g in value):
+        raise fail("submit", f"expected a list of workspace globs, got {value!r}")
+    return tuple(value)
 
 
 def _patched(patch: str) -> set[str]:

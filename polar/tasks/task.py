@@ -14,6 +14,7 @@ DEFAULT_TIMEOUT_S = 600.0
 DEFAULT_EVAL_TIMEOUT_S = 120.0
 SESSION_MARGIN_S = 120.0  # default session budget beyond the agent's and the evaluator's
 DEFAULT_REWARD_RANGE = (0.0, 1.0)
+HEALTHCHECK_TIMEOUT_S = 60.0  # a task's healthcheck, run before the agent starts
 DEFAULT_MAX_CALLS = 400  # LLM calls one session may make (harness and anything the agent runs, together)
 TESTS_AT, LOGS_AT, SOLUTION_AT = "/tests", "/logs", "/solution"  # where a Harbor task's scripts look for them
 

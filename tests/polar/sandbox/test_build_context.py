@@ -96,3 +96,14 @@ def test_a_missing_image_is_not_pulled_by_default(tmp_path: Path, monkeypatch):
     monkeypatch.setenv("POLAR_PULL", "always")
     with pytest.raises(SandboxError, match=r"POLAR_PULL='always': expected one of never, missing"):
         image_ref(engine, "registry.invalid/nowhere:1")
+
+
+def test_an_executable_bit_makes_another_image(tmp_path: Path):
+    """COPY keeps a file's executable bit, so a context differing only there is built again (issue 43: a task's
+    script made executable was served from the image built before)."""
+    (tmp_path / "run.sh").write_text("#!/bin/sh\n")
+    before = context_digest(tmp_path, Caps())
+    (tmp_path / "run.sh").chmod(0o755)
+    assert context_digest(tmp_path, Caps()) != before
+    (tmp_path / "run.sh").chmod(0o644)
+    assert context_digest(tmp_path, Caps()) == before
