@@ -5,10 +5,12 @@ so a reader never takes a partial file for whole, whoever is killed mid-write.""
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 
 def temp_beside(path: Path) -> Path:
@@ -36,3 +38,25 @@ def write_text(path: str | os.PathLike, text: str, mode: int | None = None) -> P
     with replacing(path, mode) as tmp:
         tmp.write_text(text, encoding="utf-8")
     return Path(path)
+
+
+def made_once(dest: Path, make: Callable[[Path], None]) -> Path:
+    """A folder made once and then reused (a cache entry): `make` fills a temporary folder beside `dest`, which
+    is renamed into place (mode 0755) when it returns; a reader never sees a half-made one, and when another
+    maker got there first, theirs stands and this one is dropped."""
+    if dest.is_dir():
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    try:
+        make(tmp)
+        os.chmod(tmp, 0o755)  # mkdtemp's 0700 would become the folder's own mode
+        try:
+            os.rename(tmp, dest)
+        except OSError:
+            if not dest.is_dir():
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return dest

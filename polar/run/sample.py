@@ -47,7 +47,6 @@ from polar.tasks.evaluation import read_tail, task_env
 from polar.tasks.image_task import resolve_image_task
 from polar.tasks.precheck import check_verifier
 from polar.tasks.spec import TaskSpec
-from polar.tasks.task import HEALTHCHECK_TIMEOUT_S
 from polar.tasks.verify import prepare_verify
 from polar_traj import atomic
 from polar_traj.capture_reader import read_capture
@@ -182,9 +181,9 @@ def _healthy(task: TaskSpec, sandbox: Sandbox, mounts: Mounts, state: SampleStat
     infrastructure (the environment is not what the task expects). The workspace is snapshotted again after it."""
     out = state.out
     ran = sandbox.exec(["sh", "-c", task.healthcheck or "true"], task_env(mounts, task.env), mounts.cwd,
-                       HEALTHCHECK_TIMEOUT_S, out / "healthcheck.stdout", out / "healthcheck.stderr")
+                       task.healthcheck_timeout_s, out / "healthcheck.stdout", out / "healthcheck.stderr")
     if ran.timed_out or ran.exit_code != 0:
-        how = f"timed out after {HEALTHCHECK_TIMEOUT_S:g}s" if ran.timed_out else f"exited {ran.exit_code}"
+        how = f"timed out after {task.healthcheck_timeout_s:g}s" if ran.timed_out else f"exited {ran.exit_code}"
         tail = " ".join(read_tail(out / "healthcheck.stderr").split())[-300:]
         state.fail("prepare", f"the task's healthcheck {how}: {tail}")
         return False

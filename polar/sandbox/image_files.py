@@ -10,9 +10,11 @@ workspace starts as a copy of the image's own files there:
   root filesystem for the Apptainer runtime: an OCI image (a tag, or a Harbor Dockerfile the engine built) is
                   exported once per image id to <cache>/<image id>/rootfs/, which Apptainer runs as a sandbox
                   directory; an export keeps files only, so the image's ENV comes along as the task's variables
-The image's tar streams are data from elsewhere: they are unpacked by Python's tarfile `tar` filter (nothing
-lands outside the destination, no device files, no setuid bits), into a temporary folder renamed into place,
-so a reader never sees a half-made one and two nodes' samples making the same folder at once both end with it.
+An image is data from elsewhere: the workdir comes out through the engine's `cp` (links kept as links), then loses
+its setuid bits and special files; the export's tar stream is unpacked by Python's tarfile `tar` filter (nothing
+lands outside the destination, no device files, no setuid bits). Both are made in a temporary folder renamed into
+place (polar_traj/atomic.py made_once), so a reader never sees a half-made one and two samples making the same
+folder at once both end with it.
 """
 from __future__ import annotations
 
@@ -28,10 +30,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Callable, Iterator, Mapping
+from typing import Iterator, Mapping
 
 from polar.sandbox.docker import CLI_CWD, CLI_TIMEOUT_S, Engine
 from polar.sandbox.runtime import SandboxError
+from polar_traj.atomic import made_once
 
 CACHE_ENV = "POLAR_IMAGE_CACHE"
 DEFAULT_CACHE = "~/.cache/polar/images"
@@ -71,12 +74,12 @@ def workdir_files(engine: Engine, facts: ImageFacts, workdir: str) -> Path:
                 raise SandboxError(f"image {facts.ref}: cannot copy {workdir} out: {found.stderr.strip()[-300:]}")
         files = tmp / "files"
         files.mkdir(exist_ok=True)
-        for entry in os.scandir(files):  # into the cache folder itself, re-read as data from elsewhere
+        for entry in os.scandir(files):  # `cp` wants a destination it makes itself: then up one level
             os.rename(entry.path, tmp / entry.name)
         files.rmdir()
         _sanitise(tmp)
 
-    return _once(dest, make)
+    return made_once(dest, make)
 
 
 def root_filesystem(engine: Engine, facts: ImageFacts) -> Path:
@@ -92,7 +95,7 @@ def root_filesystem(engine: Engine, facts: ImageFacts) -> Path:
             _apptainer_meta(tmp)
         _share_files(tmp, [p for p in dest.parent.parent.glob("*/rootfs") if p.is_dir()])
 
-    return _once(dest, make)
+    return made_once(dest, make)
 
 
 def _apptainer_meta(rootfs: Path) -> None:
@@ -161,23 +164,3 @@ def _sanitise(folder: Path) -> None:
                 os.unlink(path)
             elif not os.path.islink(path) and st.st_mode & 0o6000:
                 os.chmod(path, st.st_mode & 0o1777)
-
-
-def _once(dest: Path, make: Callable[[Path], None]) -> Path:
-    """`dest`, made by `make` in a temporary sibling renamed into place; when another maker got there first, its."""
-    if dest.is_dir():
-        return dest
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
-    try:
-        make(tmp)
-        os.chmod(tmp, 0o755)
-        try:
-            os.rename(tmp, dest)
-        except OSError:
-            if not dest.is_dir():
-                raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return dest

@@ -1,11 +1,11 @@
 """A per-sample disk quota (issue 43): what the agent writes lives on a filesystem of its own.
 
 The task's `storage_mb` (Harbor's [environment] storage_mb), else the node's POLAR_STORAGE_MB (default 10 GiB;
-0: none), bounds the agent's writable folders, HOME and the workspace, together: a sparse file beside the sample
-folder's `disk/` is formatted ext4 (no journal, no blocks reserved for root) and loop-mounted there, and HOME and
-the workspace are bind-mounted from it at their usual paths, so nothing else changes while it runs. Past the size the agent's
-writes fail with ENOSPC, and nothing else on the node fills up; the file costs the host only what was written
-(~4 MB for an empty 10 GiB one). The verify ground gets a disk of its own, sized for what it can hold (the
+0: none), bounds the agent's writable folders, HOME and the workspace, together: a sparse file in the sample
+folder is formatted ext4 (no journal, no blocks reserved for root) and loop-mounted at its `.disk/`, and HOME and
+the workspace are bind-mounted from it at their usual paths, so nothing else changes while it runs. Past the size
+the agent's writes fail with ENOSPC, and nothing else on the node fills up; the file costs the host only what was
+written (~4 MB for an empty 10 GiB one). The verify ground gets a disk of its own, sized for what it can hold (the
 pristine workspace and the agent's allowed changes), so the host never holds more than twice the quota and the
 task's own files for one sample.
 

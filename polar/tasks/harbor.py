@@ -41,8 +41,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping, Sequence
 
-from polar.tasks.task import (LOGS_AT, SESSION_MARGIN_S, SOLUTION_AT, TESTS_AT, EvaluatorSpec, Submit, TaskError,
-                              TaskSpec)
+from polar.tasks.task import (HEALTHCHECK_TIMEOUT_S, LOGS_AT, SESSION_MARGIN_S, SOLUTION_AT, TESTS_AT, EvaluatorSpec,
+                              Submit, TaskError, TaskSpec)
 from polar.tasks.agent_files import AgentFileError, read_beneath
 from polar.tasks.roots import inside, outside, tasks_roots
 from polar_traj.records import check_id
@@ -138,6 +138,7 @@ def load_harbor_task(task_dir: Path, roots: Sequence[Path] | None = None) -> Tas
                                                                             fail))
     _gpus(env, fail)
     workdir = _workdir(env, fail)
+    check, check_timeout = _healthcheck(env, fail)
     harbor = {k: v for k, v in {"cpus": cpus, "memory_mb": memory, "storage_mb": storage}.items() if v is not None}
     meta = {**_plain(metadata), "harbor": {**_plain({k: v for k, v in config.items() if k in ("task", "source")}),
                                            **harbor}}
@@ -148,7 +149,7 @@ def load_harbor_task(task_dir: Path, roots: Sequence[Path] | None = None) -> Tas
                     timeout, timeout + verify_timeout + SESSION_MARGIN_S, MappingProxyType(meta), tests.resolve(),
                     memory_mb=memory, cpus=cpus, submit=_submit(_table(config, "polar", fail), fail),
                     workdir=workdir, env=_env(env, "environment.env", fail), storage_mb=storage,
-                    wants_internet=_wants_internet(env, fail), healthcheck=_healthcheck(env, fail),
+                    wants_internet=_wants_internet(env, fail), healthcheck=check, healthcheck_timeout_s=check_timeout,
                     artifacts=_artifacts(config.get("artifacts", env.get("artifacts")), workdir, fail))
 
 
@@ -201,17 +202,20 @@ def _gpus(env: Mapping[str, Any], fail: Any) -> None:
         raise fail("environment.gpus", f"the task asks for {gpus} GPU(s); this node has {here} (run it on a GPU node)")
 
 
-def _healthcheck(env: Mapping[str, Any], fail: Any) -> str | None:
-    check = env.get("healthcheck")
+def _healthcheck(env: Mapping[str, Any], fail: Any) -> tuple[str | None, float]:
+    """[environment] healthcheck: a shell line (or an argv list), or {command, timeout_sec}."""
+    check, timeout = env.get("healthcheck"), HEALTHCHECK_TIMEOUT_S
     if isinstance(check, dict):
+        if check.get("timeout_sec") is not None:
+            timeout = _seconds(check["timeout_sec"], "environment.healthcheck.timeout_sec", fail)
         check = check.get("command", check.get("cmd"))
     if check is None:
-        return None
+        return None, timeout
     if isinstance(check, list) and all(isinstance(a, str) for a in check):
         check = " ".join(check)
     if not isinstance(check, str) or not check.strip():
         raise fail("environment.healthcheck", f"expected a shell line or {{command = ...}}, got {check!r}")
-    return check
+    return check, timeout
 
 
 def _artifacts(value: Any, workdir: str | None, fail: Any) -> tuple[str, ...]:

@@ -38,7 +38,8 @@ def runner_folder(mounts: Mounts, name: str = "observer") -> Path:
 def _exec(argv: list[str], spec: EvaluatorSpec, sandbox: Sandbox, mounts: Mounts, out: Path, timeout_s: float,
           channel: Channel) -> tuple[Records, str, int | None, Evaluation | None]:
     """(records, output, exit code, the timeout's verdict or None): the runner in the sandbox, the channel read."""
-    env = {**task_env(mounts, spec.env), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}  # no entry point found on sys.path loads
+    # no entry point found on sys.path loads
+    env = {**task_env(mounts, spec.env), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
     stdout, stderr = out / "evaluator.stdout", out / "evaluator.stderr"
     try:
         result = sandbox.exec(argv, env, mounts.cwd, timeout_s, stdout, stderr)

@@ -31,6 +31,7 @@ from typing import Any, Sequence
 from polar.tasks.roots import inside, outside
 from polar.tasks.task import DEFAULT_EVAL_TIMEOUT_S, DEFAULT_TIMEOUT_S, SESSION_MARGIN_S, EvaluatorSpec, Submit, \
     TaskError, TaskSpec
+from polar_traj.atomic import made_once
 from polar_traj.records import check_id
 
 KEYS = ("instance_id", "repo", "base_commit", "problem_statement", "test_patch", "FAIL_TO_PASS", "PASS_TO_PASS")
@@ -112,23 +113,14 @@ def _repo(path: Path, repo: str, roots: Sequence[Path], fail: Any) -> Path:
 
 
 def _unbundled(bundle: Path, fail: Any) -> Path:
-    dest = cache_root() / "bundles" / hashlib.sha256(bundle.read_bytes()).hexdigest()[:20]
-    if dest.is_dir():
-        return dest
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".bundle.", dir=dest.parent))
-    try:
+    def make(tmp: Path) -> None:
         done = subprocess.run(["git", "clone", "-q", "--bare", str(bundle), str(tmp / "repo")], capture_output=True,
                               text=True, timeout=300, env={**os.environ, **GIT_ENV})
         if done.returncode != 0:
             raise fail("repo", f"{bundle}: not a git bundle git can clone: {_said(done.stderr)}")
-        os.rename(tmp / "repo", dest)
-    except OSError:
-        if not dest.is_dir():
-            raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return dest
+
+    key = hashlib.sha256(bundle.read_bytes()).hexdigest()[:20]
+    return made_once(cache_root() / "bundles" / key, make) / "repo"
 
 
 def _ids(value: Any, key: str, fail: Any) -> list[str]:
@@ -175,25 +167,15 @@ def base_tree(repo: Path, commit: str, fail: Any) -> Path:
     if found.returncode != 0:
         raise fail("base_commit", f"{commit}: not a commit of {repo}")
     full = found.stdout.strip()
-    dest = cache_root() / hashlib.sha256(str(repo).encode()).hexdigest()[:16] / full
-    if dest.is_dir():
-        return dest
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{full[:12]}.", dir=dest.parent))
-    try:
+
+    def make(tmp: Path) -> None:
         _export(repo, full, tmp, fail)
         for args in (("init", "-q"), ("add", "-A"), ("commit", "-q", "-m", f"base {full[:12]}")):
             done = _git(tmp, *args, cwd=tmp)
             if done.returncode != 0:
                 raise fail("repo", f"git {args[0]} of the base tree failed: {_said(done.stderr)}")
-        os.chmod(tmp, 0o755)  # mkdtemp's 0700 would be the workspace's own mode
-        os.rename(tmp, dest)
-    except OSError:
-        if not dest.is_dir():
-            raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return dest
+
+    return made_once(cache_root() / hashlib.sha256(str(repo).encode()).hexdigest()[:16] / full, make)
 
 
 def _export(repo: Path, commit: str, dest: Path, fail: Any) -> None:
@@ -210,34 +192,21 @@ def _export(repo: Path, commit: str, dest: Path, fail: Any) -> None:
 def _tests_with_patch(repo: Path, commit: str, patch: str, files: list[str], fail: Any) -> Path:
     """The test files at `commit` with the test patch applied, made once (keyed by the patch too)."""
     key = hashlib.sha256(f"{repo}\0{commit}\0{patch}\0{files}".encode()).hexdigest()[:20]
-    dest = cache_root() / "tests" / key
-    if dest.is_dir():
-        return dest
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".tests.", dir=dest.parent))
-    try:
-        tree = tmp / "tree"
-        tree.mkdir()
-        _export(repo, commit, tree, fail)
-        applied = subprocess.run(["git", "apply", "-"], cwd=tree, input=patch, text=True, capture_output=True,
-                                 timeout=120, env={**os.environ, **GIT_ENV})  # refuses paths out of the tree
-        if applied.returncode != 0:
-            raise fail("test_patch", f"does not apply at base_commit: {_said(applied.stderr or applied.stdout)}")
-        out = tmp / "tests"
-        for rel in files:
-            src = tree / rel
-            if src.is_file() and not src.is_symlink():
-                (out / rel).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(src, out / rel)
-        out.mkdir(exist_ok=True)
-        os.chmod(out, 0o755)
-        os.rename(out, dest)
-    except OSError:
-        if not dest.is_dir():
-            raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return dest
+
+    def make(out: Path) -> None:
+        with tempfile.TemporaryDirectory(dir=out.parent) as tree:
+            _export(repo, commit, Path(tree), fail)
+            applied = subprocess.run(["git", "apply", "-"], cwd=tree, input=patch, text=True, capture_output=True,
+                                     timeout=120, env={**os.environ, **GIT_ENV})  # refuses paths out of the tree
+            if applied.returncode != 0:
+                raise fail("test_patch", f"does not apply at base_commit: {_said(applied.stderr or applied.stdout)}")
+            for rel in files:
+                src = Path(tree) / rel
+                if src.is_file() and not src.is_symlink():
+                    (out / rel).parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(src, out / rel)
+
+    return made_once(cache_root() / "tests" / key, make)
 
 
 def _said(text: str) -> str:

@@ -95,6 +95,7 @@ class TaskSpec:
     storage_mb: int | None = None  # the agent's writable folders' quota (polar/sandbox/quota.py); None: the node's
     wants_internet: bool = False  # the task asks for the internet, which no sample gets: refused unless allowed
     healthcheck: str | None = None  # a shell line that must pass in the agent's sandbox before the agent starts
+    healthcheck_timeout_s: float = HEALTHCHECK_TIMEOUT_S
     artifacts: tuple[str, ...] = ()  # workspace paths copied into the sample folder (artifacts/) after the run
 
     @property
@@ -115,7 +116,8 @@ class TaskSpec:
                 "reward_range": list(self.reward_range), "max_calls": self.max_calls, "memory_mb": self.memory_mb,
                 "cpus": self.cpus, "submit": self.submit.to_dict() if self.submit else None, "workdir": self.workdir,
                 "env": dict(self.env), "storage_mb": self.storage_mb, "wants_internet": self.wants_internet,
-                "healthcheck": self.healthcheck, "artifacts": list(self.artifacts)}
+                "healthcheck": self.healthcheck, "healthcheck_timeout_s": self.healthcheck_timeout_s,
+                "artifacts": list(self.artifacts)}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TaskSpec:
@@ -128,4 +130,6 @@ class TaskSpec:
                    int(data.get("max_calls") or DEFAULT_MAX_CALLS), data.get("memory_mb"), data.get("cpus"),
                    Submit.from_dict(data.get("submit")), data.get("workdir"),
                    MappingProxyType(dict(data.get("env") or {})), data.get("storage_mb"),
-                   bool(data.get("wants_internet")), data.get("healthcheck"), tuple(data.get("artifacts") or ()))
+                   bool(data.get("wants_internet")), data.get("healthcheck"),
+                   float(data.get("healthcheck_timeout_s") or HEALTHCHECK_TIMEOUT_S),
+                   tuple(data.get("artifacts") or ()))

@@ -100,7 +100,8 @@ def test_every_harbor_key_is_read(tmp_path):
     assert (task.workdir, dict(task.env), task.storage_mb, task.wants_internet) == (
         "/app", {"GREETING": "hi", "DEBUG": "true"}, 512, False)
     assert dict(task.evaluator.env) == {"STRICT": "yes", "LEVEL": "3"}
-    assert (task.healthcheck, task.artifacts) == ("test -d /app", ("out.txt", "logs/run.log"))
+    assert (task.healthcheck, task.healthcheck_timeout_s, task.artifacts) == ("test -d /app", 5.0,
+                                                                              ("out.txt", "logs/run.log"))
     assert task.metadata["harbor"]["storage_mb"] == 512
     assert type(task).from_dict(task.to_dict()) == task  # through sample.json and the manifest unchanged
     for asks in ("allow_internet = true", 'network_mode = "bridge"'):
