@@ -95,8 +95,10 @@ class Router:
         loader.add_option("polar_engine", str, "sglang", "Token API of the backend: sglang (/generate) or vllm.")
         loader.add_option("polar_engine_model", str, "", "Model name sent to a vLLM backend (if it needs one).")
         loader.add_option("polar_tokenizer", str, "", "Model directory (tokenizer + chat template), required.")
-        loader.add_option("polar_tool_parser", str, "hermes", "Tool-call syntax the model writes: hermes or qwen3_coder.")
-        loader.add_option("polar_reasoning_parser", str, "think", "Reasoning markup: think (<think>…</think>) or none.")
+        loader.add_option("polar_tool_parser", str, "auto",
+                          "Tool-call syntax the model writes: auto (read from the chat template), hermes, qwen3_coder.")
+        loader.add_option("polar_reasoning_parser", str, "auto",
+                          "Reasoning markup: auto (from the chat template), think (<think>…</think>) or none.")
         loader.add_option("polar_max_tokens", int, 2048, "Default max new tokens when a request sets none.")
         loader.add_option("polar_context_length", int, 0, "Context length in tokens; 0 = from the model config.")
         loader.add_option("polar_engine_timeout", int, 600, "Seconds a whole engine call may take.")
@@ -128,6 +130,9 @@ class Router:
                                                  opts.polar_reasoning_parser, opts.polar_context_length)
             except ValueError as e:
                 raise OptionsError(f"polar_tokenizer: {e}") from e
+            model = self.dispatch.model
+            log.info("polar: model %s: tool calls %s, reasoning %s (%s)", model.served_names[0],
+                     model.tool_parser or "none", model.reasoning_parser or "none", model.family)
 
     def _configure_one(self, name: str, value: Any) -> None:
         opts, dispatch = ctx.options, self.dispatch

@@ -9,11 +9,12 @@ from typing import Any
 
 from polar_mitm.conversation import Conversation, Message, Tool, ToolCall
 from polar_mitm.tokens.detok import Detokenizer
+from polar_mitm.tokens.family import detect
 from polar_mitm.tokens.prompt import ChatRenderer
 from polar_mitm.tokens.reply_parser import ReplyParser
 
-TOOL_PARSERS = ("hermes", "qwen3_coder")
-REASONING_PARSERS = ("think", "none")
+TOOL_PARSERS = ("auto", "hermes", "qwen3_coder")  # auto: read from the chat template (polar_mitm/tokens/family.py)
+REASONING_PARSERS = ("auto", "think", "none")
 _PROBE = (Message("user", "hi"),)
 
 
@@ -24,11 +25,12 @@ class Model:
     stop_ids: frozenset[int]  # end-of-turn ids: sampled last, never shown as text
     context_length: int
     served_names: tuple[str, ...]
-    tool_parser: str
+    tool_parser: str | None  # None: the template renders no tool calls, replies are text
     reasoning_parser: str | None
     starts_in_reasoning: bool  # the generation prompt already opens <think> (Qwen3-style thinking templates)
     template_drops: frozenset[str] = frozenset()  # of "tools", "tool_calls", "tool_results": what it never renders
     max_token_bytes: int = 0  # the longest vocabulary entry, in UTF-8 bytes (0: unknown)
+    family: str = ""  # what the chat template was read as (polar_mitm/tokens/family.py), or "given"
 
     def dropped_by_template(self, conv: Conversation) -> list[str]:
         """Flags for what this conversation holds that the chat template silently leaves out."""
@@ -46,8 +48,9 @@ class Model:
         return Detokenizer(self.tokenizer), parser
 
 
-def load_model(spec: str, tool_parser: str, reasoning_parser: str, context_length: int = 0) -> Model:
-    """Load from a local directory (or a .gguf file inside one); raises ValueError with the reason."""
+def load_model(spec: str, tool_parser: str = "auto", reasoning_parser: str = "auto", context_length: int = 0) -> Model:
+    """Load from a local directory (or a .gguf file inside one); raises ValueError with the reason. `auto`: the
+    parsers the chat template's family calls for (polar_mitm/tokens/family.py), a family not parsed yet refused."""
     if tool_parser not in TOOL_PARSERS:
         raise ValueError(f"tool parser must be one of {TOOL_PARSERS}, got {tool_parser!r}")
     if reasoning_parser not in REASONING_PARSERS:
@@ -66,6 +69,12 @@ def load_model(spec: str, tool_parser: str, reasoning_parser: str, context_lengt
         raise ValueError(f"cannot load a tokenizer from {path}: {e}") from e
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError(f"{path} has no chat template")
+    template = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else json.dumps(
+        tokenizer.chat_template)  # a list of named templates in some tokenizer configs
+    formats = detect(template) if tool_parser == "auto" else None  # ValueError: a family not parsed yet
+    tools = formats.tool_parser if formats else tool_parser
+    if reasoning_parser == "auto":
+        reasoning_parser = "think" if "<think>" in template else "none"
     config = _read_json(model_dir / "config.json")
     stop = set(_as_list(_read_json(model_dir / "generation_config.json").get("eos_token_id")))
     if tokenizer.eos_token_id is not None:
@@ -79,11 +88,12 @@ def load_model(spec: str, tool_parser: str, reasoning_parser: str, context_lengt
         stop_ids=frozenset(stop),
         context_length=context_length or int(config.get("max_position_embeddings") or 32768),
         served_names=(model_dir.name,),
-        tool_parser=tool_parser,
+        tool_parser=tools,
         reasoning_parser=reasoning,
         starts_in_reasoning=bool(reasoning) and opened,
         template_drops=template_drops(renderer),
         max_token_bytes=longest_token(tokenizer),
+        family=formats.family if formats else f"given: --tool-parser {tool_parser}",
     )
 
 

@@ -1,0 +1,80 @@
+"""The model family read from its chat template (issue 45 item 2, polar_mitm/tokens/family.py): the proxy's tool
+and reasoning parsers come from the template, never a silent default; a family whose tool calls it does not parse
+yet is refused in one line naming it and the way out, and `--tool-parser` still forces one."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from polar_mitm.launch import free_port
+from polar_mitm.tokens.family import FAMILIES, PARSED, detect
+from polar_mitm.tokens.model import load_model
+
+ROOT = Path(__file__).resolve().parents[3]
+TINY = ROOT / "fixtures" / "tiny-qwen2"
+
+# The tool-call part of each family's template, as its published chat template writes it (abridged).
+TEMPLATES = {
+    "Mistral": "{%- if message.tool_calls %}[TOOL_CALLS][{{ message.tool_calls | tojson }}]</s>{%- endif %}",
+    "DeepSeek V3/R1": "{{'<｜Assistant｜><｜tool▁calls▁begin｜><｜tool▁call▁begin｜>' + tool['type']}}",
+    "Kimi K2": "<|tool_calls_section_begin|>{%- for tc in message.tool_calls -%}<|tool_call_begin|>",
+    "GLM-4.5": "<tool_call>{{ tc.name }}{% for k, v in tc.arguments.items() %}<arg_key>{{ k }}</arg_key>",
+    "gpt-oss (harmony)": "<|start|>assistant<|channel|>commentary to=functions.{{ tool_call.name }}",
+    "Llama 3": "<|start_header_id|>ipython<|end_header_id|>{{- '<|python_tag|>' + tool_call.name }}",
+    "Gemma 3": "{{ '<start_of_turn>' + role + '\\n' + message['content'] | trim + '<end_of_turn>\\n' }}",
+}
+
+
+def test_the_qwen_template_reads_as_hermes_with_think():
+    formats = detect((TINY / "chat_template.jinja").read_text())
+    assert (formats.family, formats.tool_parser, formats.reasoning_parser) == ("Qwen/Hermes", "hermes", "think")
+    model = load_model(str(TINY))  # auto, as the proxy starts by default
+    assert (model.tool_parser, model.reasoning_parser, model.family) == ("hermes", "think", "Qwen/Hermes")
+
+
+def test_qwen3_coder_and_a_template_without_tools():
+    coder = detect("<tool_call>\n<function={{ tool_call.name }}>\n<parameter={{ k }}>")
+    assert (coder.family, coder.tool_parser, coder.reasoning_parser) == ("Qwen3-Coder", "qwen3_coder", None)
+    plain = detect("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>{% endfor %}")
+    assert (plain.tool_parser, plain.reasoning_parser) == (None, None)  # replies are text, never parsed as hermes
+
+
+@pytest.mark.parametrize("family", TEMPLATES)
+def test_a_family_not_parsed_yet_is_refused_in_one_line(family):
+    assert {f for f, _m, parser in FAMILIES if parser is None} == set(TEMPLATES)
+    with pytest.raises(ValueError) as e:
+        detect(TEMPLATES[family])
+    assert str(e.value) == (f"the chat template is {family}'s, whose tool calls the proxy does not parse yet (it "
+                            f"parses {' and '.join(PARSED)}); pass --tool-parser hermes|qwen3_coder if the model "
+                            "writes one of those")
+
+
+def mistral_model(tmp_path: Path) -> Path:
+    """tiny-qwen2's tokenizer with a Mistral-style chat template."""
+    model = tmp_path / "mistral-like"
+    shutil.copytree(TINY, model)
+    (model / "chat_template.jinja").unlink()
+    config = json.loads((model / "tokenizer_config.json").read_text())
+    config["chat_template"] = ("{% for m in messages %}[INST] {{ m.content }} [/INST]{% if m.tool_calls %}"
+                               "[TOOL_CALLS]{{ m.tool_calls | tojson }}{% endif %}{% endfor %}")
+    (model / "tokenizer_config.json").write_text(json.dumps(config))
+    return model
+
+
+def test_the_proxy_refuses_an_unknown_family_and_takes_a_forced_parser(tmp_path):
+    model = mistral_model(tmp_path)
+    with pytest.raises(ValueError, match=r"^the chat template is Mistral's"):
+        load_model(str(model))
+    forced = load_model(str(model), tool_parser="hermes")
+    assert (forced.tool_parser, forced.reasoning_parser, forced.family) == ("hermes", None,
+                                                                            "given: --tool-parser hermes")
+    done = subprocess.run([sys.executable, "-m", "polar.cli", "proxy", "--tokenizer", str(model), "--backend",
+                           "http://127.0.0.1:9", "--proxy-port", str(free_port()), "--base-url-port", str(free_port()),
+                           "--confdir", str(tmp_path / "mitm")], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "polar_tokenizer: the chat template is Mistral's" in done.stderr and "--tool-parser" in done.stderr
