@@ -114,13 +114,13 @@ def _repo(path: Path, repo: str, roots: Sequence[Path], fail: Any) -> Path:
 
 def _unbundled(bundle: Path, fail: Any) -> Path:
     def make(tmp: Path) -> None:
-        done = subprocess.run(["git", "clone", "-q", "--bare", str(bundle), str(tmp / "repo")], capture_output=True,
-                              text=True, timeout=300, env={**os.environ, **GIT_ENV})
+        done = subprocess.run(["git", "clone", "-q", "--bare", str(bundle), str(tmp)], capture_output=True,
+                              text=True, timeout=300, env={**os.environ, **GIT_ENV})  # into the empty folder
         if done.returncode != 0:
             raise fail("repo", f"{bundle}: not a git bundle git can clone: {_said(done.stderr)}")
 
     key = hashlib.sha256(bundle.read_bytes()).hexdigest()[:20]
-    return made_once(cache_root() / "bundles" / key, make) / "repo"
+    return made_once(cache_root() / "bundles" / key, make)  # the bare clone itself, as caches made before hold
 
 
 def _ids(value: Any, key: str, fail: Any) -> list[str]:

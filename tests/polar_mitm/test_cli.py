@@ -7,7 +7,7 @@ import threading
 
 import httpx
 
-from polar_mitm.launch import stop, ADDON, free_port, wait_for_port
+from polar_mitm.launch import stop, ADDON, PORT_ATTEMPTS, free_port, wait_for_port
 
 
 def test_polar_proxy_prints_the_harness_environment_and_serves(tmp_path, reference_server, tiny_model_dir):
@@ -114,20 +114,31 @@ def test_polar_proxy_takes_the_context_the_engine_serves(tmp_path, tiny_model_di
     body = {"model": "tiny", "max_tokens": 2, "messages": [{"role": "user", "content": "x " * 6000}]}
     with reference_server(tiny_model_dir, None, ("--context-length", "20000")) as engine:
         for extra, status in (((), 200), (("--context-length", "4096"), 400)):
-            p1, p2 = free_port(), free_port()
-            proc = subprocess.Popen([sys.executable, "-m", "polar.cli", "proxy", "--tokenizer", str(tiny_model_dir),
-                                     "--backend", engine, "--proxy-port", str(p1), "--base-url-port", str(p2),
-                                     "--confdir", str(tmp_path / "conf"), "--capture-dir", str(tmp_path / "cap"),
-                                     *extra], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            lines: list[str] = []
-            threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()
-            try:
-                (log := tmp_path / "none.log").write_text("")
-                wait_for_port(p2, proc, log)
-                r = httpx.post(f"http://127.0.0.1:{p2}/v1/chat/completions", headers={"authorization": "Bearer c"},
-                               json=body, timeout=120)
-            finally:
-                stop(proc)
+            for _ in range(PORT_ATTEMPTS):  # another test's server may take a port between free_port and the bind
+                p1, p2 = free_port(), free_port()
+                proc = subprocess.Popen([sys.executable, "-m", "polar.cli", "proxy", "--tokenizer",
+                                         str(tiny_model_dir), "--backend", engine, "--proxy-port", str(p1),
+                                         "--base-url-port", str(p2), "--confdir", str(tmp_path / "conf"),
+                                         "--capture-dir", str(tmp_path / "cap"), *extra],
+                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                lines: list[str] = []
+                reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+                reader.start()
+                r = None
+                try:
+                    (log := tmp_path / "none.log").write_text("")
+                    wait_for_port(p2, proc, log)
+                    r = httpx.post(f"http://127.0.0.1:{p2}/v1/chat/completions",
+                                   headers={"authorization": "Bearer c"}, json=body, timeout=120)
+                except RuntimeError:  # it exited before listening: the lines say why
+                    pass
+                finally:
+                    alive = proc.poll() is None
+                    stop(proc)
+                reader.join(10)
+                if alive or "address already in use" not in "".join(lines).lower():
+                    break
+            assert r is not None, "".join(lines)
             assert r.status_code == status, r.text[:300]
             said = "polar proxy: context 20000 tokens (the engine's)" in "".join(lines)
             assert said == (not extra), "".join(lines)
