@@ -10,6 +10,7 @@ from typing import Any
 from polar_mitm.engines.backends import parse_backends
 from polar_mitm.harness_env import harness_env, write_ca_bundle
 from polar_mitm.launch import die_with_parent
+from polar_mitm.tokens.reply_parser import REASONING_PARSERS, TOOL_PARSERS
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -31,12 +32,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--proxy-port", type=int, default=8080, help="HTTPS_PROXY listener")
     p.add_argument("--base-url-port", type=int, default=8081, help="base-URL listener (*_BASE_URL)")
     p.add_argument("--confdir", default="~/.polar/mitmproxy", help="where mitmproxy keeps its CA")
-    p.add_argument("--tool-parser", default="auto", choices=["auto", "hermes", "qwen3_coder"],
-                   help="how the model writes tool calls: auto (default) reads it from the chat template and "
-                        "refuses a family not parsed yet; hermes, or qwen3_coder (Qwen3-Coder's XML form), forces it")
-    p.add_argument("--reasoning-parser", default="auto", choices=["auto", "think", "none"],
-                   help="how the model writes reasoning: auto (default: think when the template writes <think>), "
-                        "think, or none")
+    p.add_argument("--tool-parser", default="auto", choices=["auto", *TOOL_PARSERS, "none"],
+                   help="how the model writes tool calls: auto (default) reads the family from the chat template "
+                        "(README: Models) and refuses one not parsed yet; a name forces that form, none: text only")
+    p.add_argument("--reasoning-parser", default="auto", choices=["auto", *REASONING_PARSERS, "none"],
+                   help="how the model writes reasoning: auto (default: think for <think>, mistral for [THINK], "
+                        "harmony for gpt-oss), or a name, or none")
     p.add_argument("--hosts", default="", help="extra provider hostnames to intercept, comma-separated")
     p.add_argument("--context-length", type=int, default=0, metavar="N",
                    help="prompt + output budget in tokens (default: the one the engine reports, else the model's "

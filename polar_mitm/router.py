@@ -96,9 +96,11 @@ class Router:
         loader.add_option("polar_engine_model", str, "", "Model name sent to a vLLM backend (if it needs one).")
         loader.add_option("polar_tokenizer", str, "", "Model directory (tokenizer + chat template), required.")
         loader.add_option("polar_tool_parser", str, "auto",
-                          "Tool-call syntax the model writes: auto (read from the chat template), hermes, qwen3_coder.")
+                          "Tool-call syntax the model writes: auto (read from the chat template), a parser's name "
+                          "(polar_mitm/tokens/reply_parser.py CALL_FORMATS, harmony) or none.")
         loader.add_option("polar_reasoning_parser", str, "auto",
-                          "Reasoning markup: auto (from the chat template), think (<think>…</think>) or none.")
+                          "Reasoning markup: auto (from the chat template), think (<think>…</think>), mistral "
+                          "([THINK]…[/THINK]), harmony or none.")
         loader.add_option("polar_max_tokens", int, 2048, "Default max new tokens when a request sets none.")
         loader.add_option("polar_context_length", int, 0, "Context length in tokens; 0 = from the model config.")
         loader.add_option("polar_engine_timeout", int, 600, "Seconds a whole engine call may take.")

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from polar_serve.policy import Policy, load_policy  # light: PyYAML only
+from polar_serve.reply_formats import REPLY_FORMATS
 
 DEFAULT_PORT = 30000
 DEFAULT_PREFIX_CACHE_MB = 512  # polar_serve.engine's default too (not imported here: the CLI must stay light)
@@ -19,6 +20,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     p.add_argument("--port", type=port, default=DEFAULT_PORT, help="port; 0 picks a free one (default: %(default)s)")
     p.add_argument("--policy", type=Path, help="scripted policy YAML (docs/reference-server.md)")
+    p.add_argument("--reply-format", choices=REPLY_FORMATS, default="hermes",
+                   help="how the policy's replies write reasoning and tool calls: the family of the model served "
+                        "(polar_serve/reply_formats.py; default: %(default)s, Qwen's)")
     p.add_argument("--served-model-name", help="model name in vLLM responses (default: the directory name)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default: %(default)s)")
     p.add_argument("--incremental-streaming-output", action="store_true",
@@ -74,7 +78,7 @@ async def _serve(args: argparse.Namespace, policy: Policy | None) -> None:
     engine = Engine(args.model, prefix_cache_mb=args.prefix_cache_mb, context_length=args.context_length)
     options = ServerOptions(served_model_name=args.served_model_name or args.model.resolve().name,
                             incremental_streaming_output=args.incremental_streaming_output,
-                            step_delay_s=args.step_delay_ms / 1000)
+                            step_delay_s=args.step_delay_ms / 1000, reply_format=args.reply_format)
     runner = web.AppRunner(ReferenceServer(engine, policy, options).app(), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, args.host, args.port)

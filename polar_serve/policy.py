@@ -3,7 +3,6 @@ the server then teacher-forces through the model. Format: docs/reference-server.
 from __future__ import annotations
 
 import hashlib
-import json
 import random
 import re
 from dataclasses import dataclass, field
@@ -13,6 +12,7 @@ from typing import Any
 import yaml
 
 from polar_serve.prompt_view import PromptView
+from polar_serve.reply_formats import write_reply
 
 PLACEHOLDER = re.compile(r"\{(last_user|tool:[^{}\s]+)\}")
 RULE_KEYS = {"name", "when", "reply", "think", "content", "tool_calls", "choose"}
@@ -96,36 +96,32 @@ class Rule:
                 return choice
         return self.choices[-1][1]
 
-    def render(self, view: PromptView) -> str:
-        """The reply text, rendered the way the chat template renders an assistant turn. Raises NoMatch."""
+    def render(self, view: PromptView, fmt: str = "hermes") -> str:
+        """The reply text, written as a model of format `fmt` writes one (polar_serve/reply_formats.py).
+        Raises NoMatch."""
         if self.reply is not None:
             return _fill(self.reply, view)
-        text = "" if self.think is None else f"<think>\n{_fill(self.think, view)}\n</think>\n\n"
-        content = _fill(self.content, view)
-        text += content
-        for i, call in enumerate(self.tool_calls):
+        calls = []
+        for call in self.tool_calls:
             name = _pick(call.names, view)
-            args = _fill_args(call.arguments_for.get(name, call.arguments), view)
-            args_text = args if isinstance(args, str) else json.dumps(args if args is not None else {},
-                                                                      ensure_ascii=False)
-            sep = "\n" if content or i else ""
-            text += f'{sep}<tool_call>\n{{"name": "{name}", "arguments": {args_text}}}\n</tool_call>'
-        return text
+            calls.append((name, _fill_args(call.arguments_for.get(name, call.arguments), view)))
+        think = None if self.think is None else _fill(self.think, view)
+        return write_reply(fmt, think, _fill(self.content, view), calls)
 
 
 @dataclass(frozen=True)
 class Policy:
     rules: tuple[Rule, ...]
 
-    def reply_for(self, view: PromptView, seed: int | None = None) -> tuple[str, str] | None:
-        """(rule name, reply text) of the first rule that matches, or None. A `choose:` rule's name gets the
-        chosen reply's name appended (`rule/choice`)."""
+    def reply_for(self, view: PromptView, seed: int | None = None, fmt: str = "hermes") -> tuple[str, str] | None:
+        """(rule name, reply text in format `fmt`) of the first rule that matches, or None. A `choose:` rule's
+        name gets the chosen reply's name appended (`rule/choice`)."""
         for rule in self.rules:
             if not rule.when.matches(view):
                 continue
             chosen = rule.pick(view, seed)
             try:
-                text = chosen.render(view)
+                text = chosen.render(view, fmt)
             except NoMatch:
                 continue
             return (rule.name if chosen is rule else f"{rule.name}/{chosen.name}"), text

@@ -34,6 +34,7 @@ class ServerOptions:
     served_model_name: str
     incremental_streaming_output: bool = False  # SGLang's flag: stream deltas instead of cumulative chunks
     step_delay_s: float = 0.0  # a scripted pause after every produced token (benchmarks, load-balancing tests)
+    reply_format: str = "hermes"  # how a policy's replies write reasoning and tool calls (reply_formats.py)
 
 
 class Worker:
@@ -164,7 +165,8 @@ class ReferenceServer:
         check_prompt(prompt_ids, params.max_new_tokens, e.vocab_size, e.max_context_length)
         match = None
         if self.policy is not None:
-            match = self.policy.reply_for(parse_prompt(e.decode(prompt_ids, skip_special_tokens=False)), params.seed)
+            match = self.policy.reply_for(parse_prompt(e.decode(prompt_ids, skip_special_tokens=False)), params.seed,
+                                          self.options.reply_format)
         if match is None:
             return Sequence(e, prompt_ids, params)
         forced = e.encode(match[1]) + [e.tokenizer.eos_token_id]

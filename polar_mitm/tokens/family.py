@@ -7,33 +7,33 @@ force one, when the user knows the model writes that form anyway). A template th
 gets no tool parser: replies are text (and `template_dropped_tools` flags each request that offered tools).
 
   markers                                        family            tool parser
+  <|channel|>                                    gpt-oss harmony   harmony (reasoning too: the analysis channel)
+  [TOOL_CALLS]                                   Mistral           mistral
+  <｜tool▁calls▁begin｜>                          DeepSeek V3/R1    deepseek_v3 (V3.1's shape too)
+  <|tool_calls_section_begin|>                   Kimi K2           kimi_k2
+  <arg_key>                                      GLM-4.5/4.6       glm45
   <tool_call> … <function=                       Qwen3-Coder       qwen3_coder
   <tool_call>                                    Qwen2.5/3, Hermes hermes
-  [TOOL_CALLS]                                   Mistral           (not yet)
-  <｜tool▁calls▁begin｜>                          DeepSeek V3/R1    (not yet)
-  <|tool_calls_section_begin|>                   Kimi K2           (not yet)
-  <arg_key>                                      GLM-4.5/4.6       (not yet)
-  <|channel|>                                    gpt-oss harmony   (not yet)
-  <|python_tag|>, <|start_header_id|>ipython     Llama 3.x         (not yet)
-  <start_of_turn>                                Gemma 3           (not yet)
-Reasoning: `think` when the template writes <think>, else none.
+  <|python_tag|>, <|start_header_id|>ipython     Llama 3.x         llama3_json
+  <start_of_turn>                                Gemma 3           (not yet: its template renders no tools)
+Reasoning: `think` when the template writes <think>, `mistral` when it writes [THINK], else none.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-PARSED = ("hermes", "qwen3_coder")
+PARSED = ("hermes", "qwen3_coder", "glm45", "deepseek_v3", "kimi_k2", "mistral", "llama3_json", "harmony")
 # (family, a marker its template writes, the parser; None: not parsed yet). First match wins: the more specific
 # markers go first (Qwen3-Coder's <tool_call> holds <function=; GLM's holds <arg_key>).
 FAMILIES: tuple[tuple[str, tuple[str, ...], str | None], ...] = (
-    ("gpt-oss (harmony)", ("<|channel|>",), None),
-    ("Mistral", ("[TOOL_CALLS]",), None),
-    ("DeepSeek V3/R1", ("<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>"), None),
-    ("Kimi K2", ("<|tool_calls_section_begin|>",), None),
-    ("GLM-4.5", ("<arg_key>",), None),
+    ("gpt-oss (harmony)", ("<|channel|>",), "harmony"),
+    ("Mistral", ("[TOOL_CALLS]",), "mistral"),
+    ("DeepSeek V3/R1", ("<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>"), "deepseek_v3"),
+    ("Kimi K2", ("<|tool_calls_section_begin|>",), "kimi_k2"),
+    ("GLM-4.5", ("<arg_key>",), "glm45"),
     ("Qwen3-Coder", ("<function=",), "qwen3_coder"),
     ("Qwen/Hermes", ("<tool_call>",), "hermes"),
-    ("Llama 3", ("<|python_tag|>", "ipython"), None),
+    ("Llama 3", ("<|python_tag|>", "ipython"), "llama3_json"),
     ("Gemma 3", ("<start_of_turn>",), None),
 )
 
@@ -42,18 +42,24 @@ FAMILIES: tuple[tuple[str, tuple[str, ...], str | None], ...] = (
 class Formats:
     family: str
     tool_parser: str | None  # None: the template renders no tool calls; replies are text
-    reasoning_parser: str | None  # "think" or None
+    reasoning_parser: str | None  # "think", "mistral", "harmony" or None
 
 
 def detect(template: str) -> Formats:
     """The family of a chat template and the parsers for its replies; ValueError (one line) for a family whose
     tool calls the proxy does not parse yet."""
-    reasoning = "think" if "<think>" in template else None
     for family, markers, parser in FAMILIES:
         if any(m in template for m in markers):
             if parser is None:
                 raise ValueError(f"the chat template is {family}'s, whose tool calls the proxy does not parse yet "
-                                 f"(it parses {' and '.join(PARSED)}); pass --tool-parser "
-                                 f"{'|'.join(PARSED)} if the model writes one of those")
-            return Formats(family, parser, reasoning)
-    return Formats("no tool calls in the template", None, reasoning)
+                                 f"(it parses {', '.join(PARSED)}); pass --tool-parser NAME if the model writes "
+                                 "one of those")
+            return Formats(family, parser, "harmony" if parser == "harmony" else reasoning_of(template))
+    return Formats("no tool calls in the template", None, reasoning_of(template))
+
+
+def reasoning_of(template: str) -> str | None:
+    """The reasoning format a template writes: <think> (Qwen3, DeepSeek R1, GLM, Kimi) or [THINK] (Magistral)."""
+    if "<think>" in template:
+        return "think"
+    return "mistral" if "[THINK]" in template else None

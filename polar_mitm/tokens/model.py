@@ -9,12 +9,14 @@ from typing import Any
 
 from polar_mitm.conversation import Conversation, Message, Tool, ToolCall
 from polar_mitm.tokens.detok import Detokenizer
-from polar_mitm.tokens.family import detect
+from polar_mitm.tokens.family import detect, reasoning_of
 from polar_mitm.tokens.prompt import ChatRenderer
-from polar_mitm.tokens.reply_parser import ReplyParser
+from polar_mitm.tokens import reply_parser
+from polar_mitm.tokens.reply_parser import ReplyParser, new_parser
 
-TOOL_PARSERS = ("auto", "hermes", "qwen3_coder")  # auto: read from the chat template (polar_mitm/tokens/family.py)
-REASONING_PARSERS = ("auto", "think", "none")
+# auto: read from the chat template (polar_mitm/tokens/family.py)
+TOOL_PARSERS = ("auto", *reply_parser.TOOL_PARSERS, "none")
+REASONING_PARSERS = ("auto", *reply_parser.REASONING_PARSERS, "none")
 _PROBE = (Message("user", "hi"),)
 
 
@@ -43,8 +45,8 @@ class Model:
                 if present[k] and k in self.template_drops]
 
     def new_decoder(self, call_id: str) -> tuple[Detokenizer, ReplyParser]:
-        parser = ReplyParser(self.tool_parser, self.reasoning_parser, starts_in_reasoning=self.starts_in_reasoning,
-                             call_id_prefix=call_id.replace("call-", "call_") + "_")
+        parser = new_parser(self.tool_parser, self.reasoning_parser, starts_in_reasoning=self.starts_in_reasoning,
+                            call_id_prefix=call_id.replace("call-", "call_") + "_")
         return Detokenizer(self.tokenizer), parser
 
 
@@ -72,16 +74,21 @@ def load_model(spec: str, tool_parser: str = "auto", reasoning_parser: str = "au
     template = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else json.dumps(
         tokenizer.chat_template)  # a list of named templates in some tokenizer configs
     formats = detect(template) if tool_parser == "auto" else None  # ValueError: a family not parsed yet
-    tools = formats.tool_parser if formats else tool_parser
+    tools = formats.tool_parser if formats else (None if tool_parser == "none" else tool_parser)
     if reasoning_parser == "auto":
-        reasoning_parser = "think" if "<think>" in template else "none"
+        reasoning_parser = (formats.reasoning_parser if formats else
+                            "harmony" if tools == "harmony" else reasoning_of(template)) or "none"
+    if (tools == "harmony") != (reasoning_parser == "harmony") and reasoning_parser != "none":
+        raise ValueError("harmony is both the tool and the reasoning format: pass --reasoning-parser harmony "
+                         "with --tool-parser harmony")
     config = _read_json(model_dir / "config.json")
     stop = set(_as_list(_read_json(model_dir / "generation_config.json").get("eos_token_id")))
     if tokenizer.eos_token_id is not None:
         stop.add(tokenizer.eos_token_id)
     renderer = ChatRenderer(tokenizer)
     reasoning = None if reasoning_parser == "none" else reasoning_parser
-    opened = renderer.render_text(_PROBE, (), generation_prompt=True).rstrip().endswith("<think>")
+    opening = reply_parser.REASONING_TAGS.get(reasoning or "", ("",))[0]  # harmony opens no tag
+    opened = bool(opening) and renderer.render_text(_PROBE, (), generation_prompt=True).rstrip().endswith(opening)
     return Model(
         tokenizer=tokenizer,
         renderer=renderer,

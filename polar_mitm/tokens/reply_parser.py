@@ -4,36 +4,53 @@
 Feeding a text in any split gives the same events (concatenated) and the same result as
 `parse_reply(text)`, so a streamed reply and a non-streamed one are identical.
 
+Each model family writes tool calls its own way (issue 45); `CALL_FORMATS` holds one entry per tool parser:
+  hermes       <tool_call>{"name": …, "arguments": {…}}</tool_call>                      Qwen2.5/3, Hermes
+  qwen3_coder  <tool_call><function=NAME><parameter=KEY>VALUE</parameter></function></tool_call>  Qwen3-Coder
+  glm45        <tool_call>NAME<arg_key>KEY</arg_key><arg_value>VALUE</arg_value></tool_call>     GLM-4.5/4.6
+  deepseek_v3  <｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME ```json {…}```<｜tool▁call▁end｜> (V3, R1),
+               or NAME<｜tool▁sep｜>{…} (V3.1), inside <｜tool▁calls▁begin｜>…<｜tool▁calls▁end｜>
+  kimi_k2      <|tool_call_begin|>functions.NAME:0<|tool_call_argument_begin|>{…}<|tool_call_end|>, inside
+               <|tool_calls_section_begin|>…<|tool_calls_section_end|>
+  mistral      [TOOL_CALLS][{"name": …, "arguments": {…}}, …] (v3/v7) or [TOOL_CALLS]NAME[ARGS]{…} (v11, with
+               an optional [CALL_ID]ID), each call running to the next [TOOL_CALLS] or the end of the reply
+  llama3_json  {"name": …, "parameters": {…}} as the whole reply, or after <|python_tag|>; several joined by ;
+  harmony      gpt-oss channels: analysis is reasoning, final (and commentary to no one) content,
+               commentary to=functions.NAME a call (HarmonyParser)
+Reasoning: `think` (<think>…</think>, Qwen3, DeepSeek R1, GLM, Kimi) or `mistral` ([THINK]…[/THINK], Magistral);
+with `starts_in_reasoning=True` the reply begins inside reasoning (the template opened it). Several blocks are
+joined by a newline.
+
 Rules:
-- `<think>…</think>` is reasoning (several blocks are joined by a newline); with
-  `starts_in_reasoning=True` the reply begins inside reasoning (the template opened `<think>`).
-- `<tool_call>…</tool_call>` holds one call: hermes JSON `{"name": …, "arguments": {…}}` or
-  qwen3-coder XML `<function=NAME><parameter=KEY>VALUE</parameter></function>` (a VALUE that is
-  valid JSON is decoded, else kept as a string). A call that does not parse, or is never closed,
-  is returned as content text and flagged `unparsed_tool_call`, never dropped.
+- A VALUE in an XML-ish call (qwen3_coder, glm45) that is valid JSON is decoded, else kept as a string.
+- A call that does not parse, or is never closed, is returned as content text and flagged
+  `unparsed_tool_call`, never dropped (a bare llama3 reply that is JSON but not a call is plain content).
 - Content and reasoning are trimmed: whitespace next to a tag or at either end is dropped, and
-  the pieces of content around tool calls are joined by a newline.
+  the pieces of content around tool calls are joined by a newline. Section tags around calls are dropped.
 - A possible tag prefix at the end of the text seen so far is held back, never emitted as text.
 """
 from __future__ import annotations
 
 import json
 import re
-from typing import Any, NamedTuple
+from dataclasses import dataclass
+from typing import Any, Callable, NamedTuple
 
 from polar_mitm.conversation import ContentDelta, ReasoningDelta, ReplyEvent, ToolCall, ToolCallDone
 
-THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
-CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
-TOOL_PARSERS = ("hermes", "qwen3_coder")
-REASONING_PARSERS = ("think",)
 UNPARSED_TOOL_CALL = "unparsed_tool_call"
 UNCLOSED_REASONING = "unclosed_reasoning"
+REASONING_TAGS = {"think": ("<think>", "</think>"), "mistral": ("[THINK]", "[/THINK]")}
+
+Call = tuple[str, dict[str, Any]]
 
 _FUNCTION = re.compile(r"\s*<function=([^>\n]+)>(.*?)</function>\s*", re.S)
 _PARAMETER = re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>", re.S)
-
-
+_GLM_ARG = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.S)
+_DEEPSEEK_FENCE = re.compile(r"\s*([^\n`]+?)\s*\n```(?:json)?\s*\n(.*?)\n?```\s*", re.S)
+_KIMI_NAME = re.compile(r"\s*(?:functions\.)?([^\s:<]+)(?::\d+)?\s*", re.S)
+_DS_SEP, _KIMI_ARGS = "<｜tool▁sep｜>", "<|tool_call_argument_begin|>"
+_MISTRAL_ARGS, _MISTRAL_ID = "[ARGS]", "[CALL_ID]"
 class ParsedReply(NamedTuple):
     content: str
     reasoning: str | None
@@ -92,10 +109,9 @@ def _json_object(text: str) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def parse_hermes(body: str) -> tuple[str, dict[str, Any]] | None:
-    """`{"name": …, "arguments": {…}}` → (name, arguments), or None when it does not parse."""
-    obj = _json_object(body.strip())
-    if obj is None or not isinstance(obj.get("name"), str) or not obj["name"]:
+def _named_call(obj: Any) -> Call | None:
+    """{"name": …, "arguments"|"parameters": {…} or its JSON text} → (name, arguments)."""
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
         return None
     args = obj.get("arguments", obj.get("parameters"))
     if isinstance(args, str):
@@ -103,6 +119,11 @@ def parse_hermes(body: str) -> tuple[str, dict[str, Any]] | None:
     elif args is None:
         args = {}
     return (obj["name"], args) if isinstance(args, dict) else None
+
+
+def parse_hermes(body: str) -> tuple[str, dict[str, Any]] | None:
+    """`{"name": …, "arguments": {…}}` → (name, arguments), or None when it does not parse."""
+    return _named_call(_json_object(body.strip()))
 
 
 def _xml_value(raw: str) -> Any:
@@ -119,19 +140,117 @@ def parse_qwen3_coder(body: str) -> tuple[str, dict[str, Any]] | None:
     match = _FUNCTION.fullmatch(body)
     if match is None or not match.group(1).strip():
         return None
+    args = _pairs(match.group(2), _PARAMETER)
+    return None if args is None else (match.group(1).strip(), args)
+
+
+def _pairs(inner: str, pattern: re.Pattern[str]) -> dict[str, Any] | None:
+    """KEY/VALUE pairs that make up all of `inner` (whitespace between them aside), or None."""
     args: dict[str, Any] = {}
-    inner, end = match.group(2), 0
-    for param in _PARAMETER.finditer(inner):
-        if inner[end:param.start()].strip():
+    end = 0
+    for pair in pattern.finditer(inner):
+        if inner[end:pair.start()].strip():
             return None
-        args[param.group(1).strip()] = _xml_value(param.group(2))
-        end = param.end()
-    if inner[end:].strip():
+        args[pair.group(1).strip()] = _xml_value(pair.group(2))
+        end = pair.end()
+    return None if inner[end:].strip() else args
+
+
+def parse_glm45(body: str) -> Call | None:
+    """`NAME\n<arg_key>KEY</arg_key>\n<arg_value>VALUE</arg_value>…` → (name, arguments), or None."""
+    name, tag, rest = body.partition("<arg_key>")
+    name = name.strip()
+    if not name or any(c in name for c in "<>\n"):
         return None
-    return match.group(1).strip(), args
+    args = _pairs(tag + rest, _GLM_ARG)
+    return None if args is None else (name, args)
 
 
-_PARSE_CALL = {"hermes": parse_hermes, "qwen3_coder": parse_qwen3_coder}
+def parse_deepseek(body: str) -> Call | None:
+    """V3/R1 `function<｜tool▁sep｜>NAME\n```json\n{…}\n```` or V3.1 `NAME<｜tool▁sep｜>{…}` → (name, arguments)."""
+    head, sep, rest = body.partition(_DS_SEP)
+    if not sep:
+        return None
+    fenced = _DEEPSEEK_FENCE.fullmatch(rest)
+    name, args = (fenced.group(1), _json_object(fenced.group(2))) if fenced else (head.strip(), _json_object(rest))
+    return (name, args) if name and args is not None else None
+
+
+def parse_kimi_k2(body: str) -> Call | None:
+    """`functions.NAME:INDEX<|tool_call_argument_begin|>{…}` → (name, arguments), or None."""
+    head, sep, rest = body.partition(_KIMI_ARGS)
+    named = _KIMI_NAME.fullmatch(head)
+    args = _json_object(rest)
+    return (named.group(1), args) if sep and named and args is not None else None
+
+
+def parse_mistral(body: str) -> list[Call] | None:
+    """After one [TOOL_CALLS]: a JSON list of calls (v3/v7), or `NAME[ARGS]{…}` with an optional
+    `[CALL_ID]ID` before or after [ARGS] (v11)."""
+    text = body.strip()
+    if text.startswith("["):
+        try:
+            items = json.loads(text)
+        except json.JSONDecodeError:
+            return None
+        calls = [_named_call(i) for i in items] if isinstance(items, list) else [None]
+        return None if not calls or None in calls else calls  # type: ignore[return-value]
+    name, sep, args_text = text.partition(_MISTRAL_ARGS)
+    name = name.split(_MISTRAL_ID)[0].strip()
+    args_text = args_text.split(_MISTRAL_ID)[0]
+    args = _json_object(args_text.strip()) if sep else None
+    if not name or any(c in name for c in " []{}\n") or args is None:
+        return None
+    return [(name, args)]
+
+
+def parse_llama3_json(body: str) -> list[Call] | None:
+    """One or more `{"name": …, "parameters": {…}}` joined by `;` (or whitespace) → calls, or None."""
+    decoder, calls, at, text = json.JSONDecoder(), [], 0, body.strip()
+    while at < len(text):
+        try:
+            obj, at = decoder.raw_decode(text, at)
+        except json.JSONDecodeError:
+            return None
+        call = _named_call(obj)
+        if call is None:
+            return None
+        calls.append(call)
+        while at < len(text) and (text[at].isspace() or text[at] == ";"):
+            at += 1
+    return calls or None
+
+
+def _one(parse: Callable[[str], Call | None]) -> Callable[[str], list[Call] | None]:
+    def parse_list(body: str) -> list[Call] | None:
+        call = parse(body)
+        return None if call is None else [call]
+    return parse_list
+
+
+@dataclass(frozen=True)
+class CallFormat:
+    """How one family marks a tool call in its reply text."""
+    open: str
+    close: str | None  # None: a call runs to the next `open` or to the end of the reply
+    parse: Callable[[str], list[Call] | None]  # the text between the tags → calls, or None
+    sections: tuple[str, ...] = ()  # tags around a group of calls: dropped
+    bare_json: bool = False  # a reply that begins with `{` is a call (Llama 3's JSON tool calling)
+
+
+CALL_FORMATS: dict[str, CallFormat] = {
+    "hermes": CallFormat("<tool_call>", "</tool_call>", _one(parse_hermes)),
+    "qwen3_coder": CallFormat("<tool_call>", "</tool_call>", _one(parse_qwen3_coder)),
+    "glm45": CallFormat("<tool_call>", "</tool_call>", _one(parse_glm45)),
+    "deepseek_v3": CallFormat("<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", _one(parse_deepseek),
+                              ("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>")),
+    "kimi_k2": CallFormat("<|tool_call_begin|>", "<|tool_call_end|>", _one(parse_kimi_k2),
+                          ("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>")),
+    "mistral": CallFormat("[TOOL_CALLS]", None, parse_mistral),
+    "llama3_json": CallFormat("<|python_tag|>", None, parse_llama3_json, bare_json=True),
+}
+TOOL_PARSERS = (*CALL_FORMATS, "harmony")
+REASONING_PARSERS = (*REASONING_TAGS, "harmony")
 
 
 class ReplyParser:
@@ -147,16 +266,19 @@ class ReplyParser:
     ) -> None:
         tool_parser = tool_parser.replace("-", "_") if tool_parser not in (None, "none") else None
         reasoning_parser = reasoning_parser if reasoning_parser != "none" else None
-        if tool_parser is not None and tool_parser not in TOOL_PARSERS:
+        if tool_parser is not None and tool_parser not in CALL_FORMATS:
             raise ValueError(f"unknown tool parser {tool_parser!r}; expected one of {TOOL_PARSERS}")
-        if reasoning_parser is not None and reasoning_parser not in REASONING_PARSERS:
-            raise ValueError(f"unknown reasoning parser {reasoning_parser!r}; expected one of {REASONING_PARSERS}")
+        if reasoning_parser is not None and reasoning_parser not in REASONING_TAGS:
+            raise ValueError(f"unknown reasoning parser {reasoning_parser!r}; expected one of {REASONING_PARSERS} "
+                             "(harmony goes with the harmony tool parser)")
         if starts_in_reasoning and reasoning_parser is None:
             raise ValueError("starts_in_reasoning needs a reasoning parser")
-        self._tool_parser = tool_parser
-        self._reasoning_parser = reasoning_parser
+        self._format = CALL_FORMATS[tool_parser] if tool_parser else None
+        self._think = REASONING_TAGS[reasoning_parser] if reasoning_parser else None
         self._call_id_prefix = call_id_prefix
         self._mode = "reasoning" if starts_in_reasoning else "content"
+        self._at_start = bool(self._format and self._format.bare_json) and not starts_in_reasoning
+        self._opened_by = ""  # in tool mode: the tag that opened the call ("" for a bare JSON reply)
         self._buf = ""
         self._scan_from = 0  # in tool mode: where to resume looking for the closing tag
         self._content = _Channel()
@@ -193,6 +315,12 @@ class ReplyParser:
         if self._finished:
             raise RuntimeError("feed() after finish()")
         self._buf += text_delta
+        if self._at_start:  # Llama 3: whether the reply is a bare JSON call shows at its first character
+            if not self._buf.strip():
+                return []
+            self._at_start = False
+            if self._buf.lstrip().startswith("{"):
+                self._mode, self._opened_by = "tool", ""
         events: list[ReplyEvent] = []
         while True:
             tags = self._tags()
@@ -212,7 +340,8 @@ class ReplyParser:
             return []
         rest, self._buf = self._buf, ""
         if self._mode == "tool":
-            events = self._unparsed(CALL_OPEN + rest)
+            closed = self._format is not None and self._format.close is None  # the end of the reply closes it
+            events = self._tool_calls(rest) if closed else self._unparsed(self._opened_by + rest)
         else:
             events = self._text(rest)
             if self._mode == "reasoning":
@@ -225,18 +354,20 @@ class ReplyParser:
     # ------------------------------------------------------------ internals
 
     def _tags(self) -> tuple[str, ...]:
+        fmt = self._format
         if self._mode == "reasoning":
-            return (THINK_CLOSE,)
+            return (self._think[1],) if self._think else ()
         if self._mode == "tool":
-            return (CALL_CLOSE,)
-        opening = (CALL_OPEN,) if self._tool_parser else ()
-        return opening + ((THINK_OPEN,) if self._reasoning_parser else ())
+            assert fmt is not None
+            return (fmt.close or fmt.open,)
+        opening = (fmt.open, *fmt.sections) if fmt else ()
+        return opening + ((self._think[0],) if self._think else ())
 
     def _find(self, tags: tuple[str, ...]) -> tuple[int, str] | None:
         hits = [(self._buf.find(t, self._scan_from), t) for t in tags]
         hits = [(pos, t) for pos, t in hits if pos >= 0]
         if not hits and self._mode == "tool":
-            self._scan_from = max(0, len(self._buf) - len(CALL_CLOSE) + 1)
+            self._scan_from = max(0, len(self._buf) - len(tags[0]) + 1)
         return min(hits) if hits else None
 
     def _text(self, text: str) -> list[ReplyEvent]:
@@ -247,27 +378,43 @@ class ReplyParser:
         return [ContentDelta(out)] if out else []
 
     def _on_tag(self, before: str, tag: str) -> list[ReplyEvent]:
-        if tag == CALL_CLOSE:
-            self._mode = "content"
-            return self._tool_call(before)
+        fmt = self._format
+        if self._mode == "tool":
+            assert fmt is not None
+            events = self._tool_calls(before, tag if fmt.close else "")
+            if fmt.close is None:  # the next call's [TOOL_CALLS] (or <|python_tag|>) ends this one
+                self._opened_by = tag
+            else:
+                self._mode = "content"
+            return events
         events = self._text(before)
-        if tag == THINK_CLOSE:
+        if self._mode == "reasoning":
             self._reasoning.end_segment()
             self._mode = "content"
+        elif fmt is not None and tag == fmt.open:
+            self._content.end_segment()
+            self._mode, self._opened_by = "tool", tag
+        elif fmt is not None and tag in fmt.sections:
+            self._content.end_segment()
         else:
             self._content.end_segment()
-            self._mode = "tool" if tag == CALL_OPEN else "reasoning"
+            self._mode = "reasoning"
         return events
 
-    def _tool_call(self, body: str) -> list[ReplyEvent]:
-        parsed = _PARSE_CALL[self._tool_parser](body) if self._tool_parser else None
-        if parsed is None:
-            return self._unparsed(CALL_OPEN + body + CALL_CLOSE)
-        name, args = parsed
+    def _tool_calls(self, body: str, close: str = "") -> list[ReplyEvent]:
+        parsed = self._format.parse(body) if self._format else None
+        if not parsed:
+            if not self._opened_by and self._format and self._format.bare_json:  # JSON content, not a call
+                out = self._content.push(body)
+                return [ContentDelta(out)] if out else []
+            return self._unparsed(self._opened_by + body + close)
+        return [self._call(name, args) for name, args in parsed]
+
+    def _call(self, name: str, args: dict[str, Any]) -> ToolCallDone:
         index = len(self._calls)
         call = ToolCall(f"{self._call_id_prefix}{index}", name, json.dumps(args, ensure_ascii=False))
         self._calls.append(call)
-        return [ToolCallDone(index, call)]
+        return ToolCallDone(index, call)
 
     def _unparsed(self, raw: str) -> list[ReplyEvent]:
         self._flag(UNPARSED_TOOL_CALL)
@@ -280,6 +427,99 @@ class ReplyParser:
             self._flags.append(flag)
 
 
+HARMONY_END = ("<|end|>", "<|call|>", "<|return|>")
+_RECIPIENT = re.compile(r"\bto=(\S+?)(?=<\||\s|$)")
+_CHANNEL = re.compile(r"<\|channel\|>\s*(\w+)")
+
+
+class HarmonyParser(ReplyParser):
+    """gpt-oss's harmony format: messages `[<|start|>assistant][ to=R]<|channel|>C[ to=R][ <|constrain|>json]
+    <|message|>BODY<|end|>` (the first one's `<|start|>assistant` is the generation prompt's; the last one ends at
+    <|call|> or <|return|>, stop tokens that never reach the text). Channel analysis is reasoning, final and
+    commentary content, and a message to `functions.NAME` (or any recipient) a call with BODY as its JSON."""
+
+    def __init__(self, *, call_id_prefix: str = "call_", starts_in_reasoning: bool = False) -> None:
+        super().__init__(None, None, call_id_prefix=call_id_prefix)
+        self._mode = "header"
+        self._recipient: str | None = None
+        self._header = ""
+
+    def feed(self, text_delta: str) -> list[ReplyEvent]:
+        if self._finished:
+            raise RuntimeError("feed() after finish()")
+        self._buf += text_delta
+        events: list[ReplyEvent] = []
+        while True:
+            if self._mode == "header":
+                head, tag, rest = self._buf.partition("<|message|>")
+                if not tag:
+                    return events
+                self._begin(head)
+                self._buf = rest
+                continue
+            hits = [(self._buf.find(t), t) for t in HARMONY_END]
+            hits = [(pos, t) for pos, t in hits if pos >= 0]
+            if not hits:
+                if self._recipient is None:
+                    keep = _partial_tag_len(self._buf, HARMONY_END)
+                    ready, self._buf = self._buf[: len(self._buf) - keep], self._buf[len(self._buf) - keep:]
+                    events += self._text(ready)
+                return events
+            pos, tag = min(hits)
+            body, self._buf = self._buf[:pos], self._buf[pos + len(tag):]
+            events += self._end(body)
+
+    def finish(self) -> list[ReplyEvent]:
+        if self._finished:
+            return []
+        rest, self._buf = self._buf, ""
+        if self._mode == "header":  # no <|message|>: whatever came is not harmony, keep it as text
+            self._mode = "content"
+            events = self._unparsed(rest) if rest.strip() else []
+        else:
+            events = self._end(rest)
+        self._content.end_segment()
+        self._reasoning.end_segment()
+        self._finished = True
+        return events
+
+    def _begin(self, header: str) -> None:
+        self._header = header
+        channel = _CHANNEL.search(header)
+        to = _RECIPIENT.search(header)
+        self._recipient = to.group(1) if to else None
+        self._mode = "reasoning" if channel and channel.group(1) == "analysis" and not to else "content"
+
+    def _end(self, body: str) -> list[ReplyEvent]:
+        if self._recipient is not None:
+            args = _json_object(body.strip())
+            name = self._recipient.removeprefix("functions.")
+            events = [self._call(name, args)] if args is not None and name else \
+                self._unparsed(self._header + "<|message|>" + body)
+        else:
+            events = self._text(body)
+        self._content.end_segment()
+        self._reasoning.end_segment()
+        self._mode, self._recipient, self._header = "header", None, ""
+        return events
+
+
+def new_parser(
+    tool_parser: str | None = "hermes",
+    reasoning_parser: str | None = "think",
+    *,
+    starts_in_reasoning: bool = False,
+    call_id_prefix: str = "call_",
+) -> ReplyParser:
+    """The parser for a model's reply format: harmony's own, or the tag-driven one."""
+    if tool_parser == "harmony" or reasoning_parser == "harmony":
+        if tool_parser not in ("harmony", None, "none") or reasoning_parser not in ("harmony", None, "none"):
+            raise ValueError("harmony is both the tool and the reasoning format: pass it for both (or none)")
+        return HarmonyParser(call_id_prefix=call_id_prefix)
+    return ReplyParser(tool_parser, reasoning_parser, starts_in_reasoning=starts_in_reasoning,
+                       call_id_prefix=call_id_prefix)
+
+
 def parse_reply(
     text: str,
     tool_parser: str | None = "hermes",
@@ -289,9 +529,8 @@ def parse_reply(
     call_id_prefix: str = "call_",
 ) -> ParsedReply:
     """The whole reply at once (the non-streamed path): feed everything, then finish."""
-    parser = ReplyParser(
-        tool_parser, reasoning_parser, starts_in_reasoning=starts_in_reasoning, call_id_prefix=call_id_prefix
-    )
+    parser = new_parser(tool_parser, reasoning_parser, starts_in_reasoning=starts_in_reasoning,
+                        call_id_prefix=call_id_prefix)
     parser.feed(text)
     parser.finish()
     return parser.result()

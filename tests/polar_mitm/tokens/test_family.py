@@ -1,6 +1,6 @@
 """The model family read from its chat template (issue 45 item 2, polar_mitm/tokens/family.py): the proxy's tool
 and reasoning parsers come from the template, never a silent default; a family whose tool calls it does not parse
-yet is refused in one line naming it and the way out, and `--tool-parser` still forces one."""
+yet (Gemma 3) is refused in one line naming it and the way out, and `--tool-parser` still forces one."""
 from __future__ import annotations
 
 import json
@@ -44,37 +44,63 @@ def test_qwen3_coder_and_a_template_without_tools():
     assert (plain.tool_parser, plain.reasoning_parser) == (None, None)  # replies are text, never parsed as hermes
 
 
-@pytest.mark.parametrize("family", TEMPLATES)
-def test_a_family_not_parsed_yet_is_refused_in_one_line(family):
-    assert {f for f, _m, parser in FAMILIES if parser is None} == set(TEMPLATES)
+PARSERS = {"Mistral": ("mistral", None), "DeepSeek V3/R1": ("deepseek_v3", None), "Kimi K2": ("kimi_k2", None),
+           "GLM-4.5": ("glm45", None), "gpt-oss (harmony)": ("harmony", "harmony"), "Llama 3": ("llama3_json", None)}
+
+
+@pytest.mark.parametrize("family", PARSERS)
+def test_each_family_gets_its_own_parsers(family):
+    formats = detect(TEMPLATES[family])
+    assert (formats.family, formats.tool_parser, formats.reasoning_parser) == (family, *PARSERS[family])
+    harmony = family.startswith("gpt-oss")  # reasons in its analysis channel, whatever else the template says
+    thinking = detect(TEMPLATES[family] + "{{ '<think>' + reasoning_content + '</think>' }}")
+    assert thinking.reasoning_parser == ("harmony" if harmony else "think")
+    assert detect(TEMPLATES[family] + "[THINK]").reasoning_parser == ("harmony" if harmony else "mistral")
+
+
+def test_a_family_not_parsed_yet_is_refused_in_one_line():
+    assert {f for f, _m, parser in FAMILIES if parser is None} == {"Gemma 3"}
     with pytest.raises(ValueError) as e:
-        detect(TEMPLATES[family])
-    assert str(e.value) == (f"the chat template is {family}'s, whose tool calls the proxy does not parse yet (it "
-                            f"parses {' and '.join(PARSED)}); pass --tool-parser hermes|qwen3_coder if the model "
-                            "writes one of those")
+        detect(TEMPLATES["Gemma 3"])
+    assert str(e.value) == (f"the chat template is Gemma 3's, whose tool calls the proxy does not parse yet (it "
+                            f"parses {', '.join(PARSED)}); pass --tool-parser NAME if the model writes one of those")
 
 
-def mistral_model(tmp_path: Path) -> Path:
-    """tiny-qwen2's tokenizer with a Mistral-style chat template."""
-    model = tmp_path / "mistral-like"
+def model_with_template(tmp_path: Path, name: str, template: str) -> Path:
+    """tiny-qwen2's tokenizer with another family's chat template."""
+    model = tmp_path / name
     shutil.copytree(TINY, model)
     (model / "chat_template.jinja").unlink()
     config = json.loads((model / "tokenizer_config.json").read_text())
-    config["chat_template"] = ("{% for m in messages %}[INST] {{ m.content }} [/INST]{% if m.tool_calls %}"
-                               "[TOOL_CALLS]{{ m.tool_calls | tojson }}{% endif %}{% endfor %}")
+    config["chat_template"] = template
     (model / "tokenizer_config.json").write_text(json.dumps(config))
     return model
 
 
+def test_a_mistral_template_loads_with_mistrals_parsers(tmp_path):
+    model = model_with_template(tmp_path, "mistral-like", (
+        "{% for m in messages %}[INST] {{ m.content }} [/INST]{% if m.tool_calls %}[TOOL_CALLS]"
+        "{{ m.tool_calls | tojson }}{% endif %}{% endfor %}{% if reasoning %}[THINK]{% endif %}"))
+    loaded = load_model(str(model))
+    assert (loaded.tool_parser, loaded.reasoning_parser, loaded.family) == ("mistral", "mistral", "Mistral")
+    _detok, parser = loaded.new_decoder("call-1")
+    parser.feed('[THINK]hm[/THINK]ok[TOOL_CALLS]bash[ARGS]{"command": "ls"}')
+    parser.finish()
+    assert (parser.reasoning, parser.content, [c.name for c in parser.tool_calls]) == ("hm", "ok", ["bash"])
+
+
 def test_the_proxy_refuses_an_unknown_family_and_takes_a_forced_parser(tmp_path):
-    model = mistral_model(tmp_path)
-    with pytest.raises(ValueError, match=r"^the chat template is Mistral's"):
+    model = model_with_template(tmp_path, "gemma-like", (
+        "{% for m in messages %}<start_of_turn>{{ m.role }}\n{{ m.content }}<end_of_turn>\n{% endfor %}"))
+    with pytest.raises(ValueError, match=r"^the chat template is Gemma 3's"):
         load_model(str(model))
     forced = load_model(str(model), tool_parser="hermes")
     assert (forced.tool_parser, forced.reasoning_parser, forced.family) == ("hermes", None,
                                                                             "given: --tool-parser hermes")
+    with pytest.raises(ValueError, match="harmony is both"):
+        load_model(str(model), tool_parser="hermes", reasoning_parser="harmony")
     done = subprocess.run([sys.executable, "-m", "polar.cli", "proxy", "--tokenizer", str(model), "--backend",
                            "http://127.0.0.1:9", "--proxy-port", str(free_port()), "--base-url-port", str(free_port()),
                            "--confdir", str(tmp_path / "mitm")], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
-    assert "polar_tokenizer: the chat template is Mistral's" in done.stderr and "--tool-parser" in done.stderr
+    assert "polar_tokenizer: the chat template is Gemma 3's" in done.stderr and "--tool-parser" in done.stderr

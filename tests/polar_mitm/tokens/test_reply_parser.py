@@ -14,6 +14,7 @@ from polar_mitm.tokens.reply_parser import (
     ParsedReply,
     ReplyParser,
     finish_reason,
+    new_parser,
     parse_reply,
 )
 
@@ -138,9 +139,11 @@ def test_whitespace_is_trimmed_around_tags_and_segments_join_with_newline():
 
 def test_unknown_parsers_are_refused():
     with pytest.raises(ValueError, match="tool parser"):
-        ReplyParser("mistral")
+        ReplyParser("mistral_v99")
     with pytest.raises(ValueError, match="reasoning parser"):
-        ReplyParser(reasoning_parser="harmony")
+        ReplyParser(reasoning_parser="harmony")  # harmony's parser is HarmonyParser (new_parser picks it)
+    with pytest.raises(ValueError, match="both"):
+        new_parser("hermes", "harmony")
     with pytest.raises(ValueError):
         ReplyParser(reasoning_parser=None, starts_in_reasoning=True)
 
