@@ -18,7 +18,7 @@ from mitmproxy import ctx, http
 from mitmproxy.exceptions import OptionsError
 
 from polar_mitm.calls import call as calls
-from polar_mitm.calls.dispatch import OFF_LOOP_BYTES, Dispatcher
+from polar_mitm.calls.dispatch import HISTORY_CHECKS, OFF_LOOP_BYTES, Dispatcher
 from polar_mitm.calls.relay import StreamRelay
 from polar_mitm.capture import Capture, CaptureError
 from polar_mitm.conversation import Conversation, ProviderError
@@ -108,6 +108,9 @@ class Router:
                           "Streams: seconds until the engine's first byte, and between two chunks.")
         loader.add_option("polar_session_ttl", int, 3600, "Seconds an idle session's history is kept.")
         loader.add_option("polar_max_sessions", int, 10000, "Most session histories kept (least recently used go).")
+        loader.add_option("polar_history_check", str, "sampled",
+                          "Compare substituted prompts with the chat template's own rendering and flag the "
+                          "difference: sampled (a session's 1st, 2nd, 4th, 8th... substituted call), all, off.")
 
     def configure(self, updated) -> None:
         opts = ctx.options
@@ -125,6 +128,11 @@ class Router:
                     raise OptionsError(f"{name}: {e}") from e
         if "polar_tokenizer" in updated:
             self.dispatch.options = replace(self.dispatch.options, tokenizer=opts.polar_tokenizer)
+        if "polar_history_check" in updated:
+            if opts.polar_history_check not in HISTORY_CHECKS:
+                raise OptionsError(f"polar_history_check: expected one of {', '.join(HISTORY_CHECKS)}, "
+                                   f"got {opts.polar_history_check!r}")
+            self.dispatch.options = replace(self.dispatch.options, history_check=opts.polar_history_check)
         keys = {"polar_tokenizer", "polar_tool_parser", "polar_reasoning_parser", "polar_context_length"}
         if keys & set(updated) and opts.polar_tokenizer:
             try:

@@ -2,6 +2,11 @@
 reasoning, and a randomly initialised Qwen2ForCausalLM. Deterministic: running it twice gives the same bytes.
 
     .venv/bin/python scripts/make_tiny_model.py [--out DIR] [--seed N]
+    .venv/bin/python scripts/make_tiny_model.py --from-tokenizer .tools/tokenizers/qwen3 --out DIR
+
+--from-tokenizer: random tiny weights for another model's real tokenizer and chat template (a family's
+tokenizer fetched by scripts/fetch_tokenizers.sh), so the reference server samples ids of that vocabulary and the
+proxy renders that family's template (tests/polar_mitm/test_proxy_real_templates.py).
 
 DESIGN.md §6 gotcha: transformers 5 loads this directory with Qwen2Tokenizer (chosen from config.model_type),
 which rebuilds the normalizer and pre-tokenizer itself; we train with exactly those so the ids agree, and check.
@@ -201,6 +206,29 @@ def build_model(tok: Tokenizer, seed: int):
     return model
 
 
+def write_for_tokenizer(tokenizer_dir: Path, out: Path, seed: int = 0) -> Path:
+    """`out`: the tokenizer files of `tokenizer_dir` and a random tiny Qwen2 model over its whole vocabulary."""
+    from transformers import AutoTokenizer, GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+    auto = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    out.mkdir(parents=True, exist_ok=True)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        if (tokenizer_dir / name).is_file():
+            shutil.copyfile(tokenizer_dir / name, out / name)
+    eos = auto.eos_token_id
+    pad = auto.pad_token_id if auto.pad_token_id is not None else eos
+    config = Qwen2Config(
+        vocab_size=len(auto), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=32768, tie_word_embeddings=True, bos_token_id=pad,
+        eos_token_id=eos, pad_token_id=pad, use_sliding_window=False, dtype="float32")
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(config).eval()
+    init_weights(model, seed)
+    model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=pad, do_sample=False)
+    model.save_pretrained(out, safe_serialization=True)
+    return out
+
+
 def check(out: Path, tok: Tokenizer) -> None:
     """AutoTokenizer (Qwen2Tokenizer, rebuilt pipeline) must give the ids tokenizer.json gives."""
     from transformers import AutoTokenizer
@@ -237,8 +265,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--seed", type=int, default=0, help="weight init seed (the tokenizer does not depend on it)")
+    parser.add_argument("--from-tokenizer", type=Path, metavar="DIR",
+                        help="random tiny weights for this tokenizer directory instead (its template too)")
     args = parser.parse_args(argv)
-    write(args.out, args.seed)
+    if args.from_tokenizer:
+        write_for_tokenizer(args.from_tokenizer, args.out, args.seed)
+    else:
+        write(args.out, args.seed)
     total = 0
     for path in sorted(args.out.iterdir()):
         data = path.read_bytes()

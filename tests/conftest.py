@@ -1,9 +1,11 @@
 """Fixtures shared by the whole suite: the tiny fixture model and the real reference server on 127.0.0.1."""
 from __future__ import annotations
 
+import importlib.util
 import os
 from contextlib import ExitStack
 from pathlib import Path
+from types import ModuleType
 from typing import Callable, Iterator
 
 import pytest
@@ -46,3 +48,12 @@ def start_reference_server(tiny_model_dir: Path) -> Iterator[Callable[..., str]]
 def reference_server(start_reference_server: Callable[..., str]) -> str:
     """Base URL (http://127.0.0.1:PORT) of the reference server on the tiny model, no scripted policy."""
     return start_reference_server()
+
+
+@pytest.fixture(scope="session")
+def make_tiny_model() -> ModuleType:
+    """scripts/make_tiny_model.py as a module (it is a script, not a package)."""
+    spec = importlib.util.spec_from_file_location("make_tiny_model", ROOT / "scripts" / "make_tiny_model.py")
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module

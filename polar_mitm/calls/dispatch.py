@@ -22,7 +22,7 @@ from polar_mitm.providers.responses import error_response, json_response
 from polar_mitm.sessions.cache import SessionCache
 from polar_mitm.sessions.sampling import apply_fixed
 from polar_mitm.tokens.model import Model
-from polar_mitm.tokens.prompt import SessionHistory
+from polar_mitm.tokens.prompt import SessionHistory, template_difference
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -41,6 +41,17 @@ class CallOptions:
     max_tokens: int = 2048  # when a request sets none (polar_max_tokens)
     engine_model: str | None = None  # the model name a vLLM backend is sent (polar_engine_model)
     tokenizer: str = ""  # the model directory, named in warnings (polar_tokenizer)
+    history_check: str = "sampled"  # compare substituted prompts with the template's rendering (polar_history_check)
+
+
+HISTORY_CHECKS = ("sampled", "all", "off")
+HISTORY_DIFFERS = "history_differs_from_template"  # + ":N", the tokens that differ
+
+
+def history_check_due(check: str, substituted: int) -> bool:
+    """`sampled`: a session's 1st, 2nd, 4th, 8th… substituted prompt (a difference, once made, stays in the
+    history, so it is seen within twice the turns, at a full render per doubling); `all`: each one."""
+    return check == "all" or (check == "sampled" and substituted & (substituted - 1) == 0)
 
 
 def check_fits(model: Model, conv) -> None:
@@ -116,7 +127,8 @@ class Dispatcher:
         model, options = self.model, self.options
         key = (call.session.task_id, call.session.session_id)
         check_fits(model, call.conv)
-        prompt = self.histories.get(key).build_prompt(call.conv, model.renderer)
+        history = self.histories.get(key)
+        prompt = history.build_prompt(call.conv, model.renderer)
         room = model.context_length - len(prompt.ids)
         if room <= 0:  # the record keeps no prompt ids: nothing was sampled from them
             raise ProviderError(400, f"prompt is {len(prompt.ids)} tokens; the model's context is "
@@ -128,6 +140,14 @@ class Dispatcher:
                                              call.conv.stream, options.engine_model)
         call.raw_body = b""  # sent: the record keeps the parsed request
         call.detok, call.parser = model.new_decoder(call.call_id)
+        if prompt.source == "substituted" and history_check_due(options.history_check, history.substituted):
+            try:
+                differ = template_difference(prompt.ids, model.renderer.render_full(call.conv, remember=False))
+            except ProviderError:  # the template refuses the whole conversation, though not its new turns
+                call.flags.append(f"{HISTORY_DIFFERS}:unrenderable")
+            else:
+                if differ:
+                    call.flags.append(f"{HISTORY_DIFFERS}:{differ}")
         dropped = model.dropped_by_template(call.conv)
         call.flags.extend(dropped)
         call.flags.extend(overridden)  # the trainer's sampling, not the request's (polar_mitm/sessions/sampling.py)

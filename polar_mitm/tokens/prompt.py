@@ -4,6 +4,11 @@ Harnesses re-send the whole history every turn. When a request replays an earlie
 session (its messages, then the reply that call sampled), the prompt is that call's
 `prompt_ids + output_ids` followed by the rendering of only the new messages, so the token stream
 stays append-only and holds exactly what the model sampled (DESIGN.md §1, issue 3 item 5).
+
+Some real templates render history otherwise than the turns were sampled (Qwen3 drops the reasoning of turns
+before the last user message; others reorder system parts or add today's date): such a substituted prompt is
+exact for training but not what the template alone would show the model at inference. `template_difference`
+measures it, and the proxy records it on sampled calls (polar_mitm/calls/dispatch.py, `history_check`).
 """
 from __future__ import annotations
 
@@ -19,8 +24,10 @@ from polar_mitm.conversation import Conversation, Message, ProviderError, Tool
 from polar_mitm.tokens.prefix_cache import PrefixCache, RenderCache, split_tokens
 
 # A fixed stand-in history: the delta of new messages is rendered after it and cut off, so the
-# per-turn template work does not grow with the real history.
-_BASE = (Message("user", "polar-base"), Message("assistant", "polar-base"))
+# per-turn template work does not grow with the real history. Its reply has reasoning: a template that renders
+# reasoning only in the turns after the last user message (Qwen3) then renders the stand-in alike whether it is
+# the last message or followed by a tool result, so the new messages still read as an append.
+_BASE = (Message("user", "polar-base"), Message("assistant", "polar-base", "polar-base"))
 
 
 def to_template_messages(messages: tuple[Message, ...]) -> list[dict[str, Any]]:
@@ -160,10 +167,11 @@ class ChatRenderer:
             return self._backend.encode(text, add_special_tokens=False).ids
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
-    def render_full(self, conv: Conversation) -> list[int]:
+    def render_full(self, conv: Conversation, remember: bool = True) -> list[int]:
         """The whole prompt's ids: from the render cache when this exact conversation was rendered before;
         else rendered, with the part before the last message (system prompt, tools: what sessions share)
-        from the shared-prefix cache when another call rendered it already."""
+        from the shared-prefix cache when another call rendered it already. remember=False: a one-off render
+        (a check) that the render cache does not keep."""
         messages, tools = to_template_messages(conv.messages), to_template_tools(conv.tools)
         key = self.whole.key(messages, tools) if self.whole is not None else None
         ids = self.whole.get(key) if key is not None else None
@@ -173,7 +181,7 @@ class ChatRenderer:
         last = conv.messages[-1].content if conv.messages else ""
         shared = text.rfind(last) if isinstance(last, str) and last else -1
         ids = self.prefixes.encode(text, shared if shared >= 0 else len(text))
-        if key is not None:
+        if key is not None and remember:
             self.whole.put(key, ids)
         return ids
 
@@ -192,11 +200,28 @@ class ChatRenderer:
         return self.encode(delta)
 
 
+def template_difference(used: list[int], rendered: list[int]) -> int:
+    """How many tokens of two prompts differ: all but their common prefix and common suffix (0: the same)."""
+    if used == rendered:
+        return 0
+    import numpy as np  # transformers' dependency: a compare of 100k ids in C, not a Python loop
+
+    a, b = np.asarray(used, dtype=np.int64), np.asarray(rendered, dtype=np.int64)
+    n = min(len(a), len(b))
+    unequal = np.flatnonzero(a[:n] != b[:n])
+    prefix = int(unequal[0]) if len(unequal) else n
+    tail = n - prefix
+    unequal = np.flatnonzero(a[len(a) - tail:][::-1] != b[len(b) - tail:][::-1]) if tail else unequal[:0]
+    suffix = int(unequal[0]) if len(unequal) else tail
+    return max(len(a), len(b)) - prefix - suffix
+
+
 class SessionHistory:
     """Finished calls of one session, keyed by the hash of (tools, messages + the reply they produced)."""
 
     def __init__(self, evicted: bool = False) -> None:
         self._calls: dict[bytes, CallTokens] = {}
+        self.substituted = 0  # substituted prompts built so far (the template check samples the 1st, 2nd, 4th…)
         self.evicted = evicted  # an earlier history of this session was dropped to bound memory
         self.engine: str | None = None  # the replica the session is placed on (polar_mitm/engines/replicas.py)
         self.moved = False
@@ -228,5 +253,6 @@ class SessionHistory:
             ids = parent.ids()
             extends = len(ids)
             ids.extend(delta)
+            self.substituted += 1
             return Prompt(ids, "substituted", parent.call_id, hashes, extends, parent)
         return Prompt(renderer.render_full(conv), f"rendered:{why}", None, hashes)

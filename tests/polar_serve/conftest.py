@@ -1,9 +1,7 @@
 """The tiny model loaded in-process with plain transformers: the reference the server's numbers are checked against."""
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
-from types import ModuleType
 from typing import Any, Callable
 
 import pytest
@@ -48,12 +46,3 @@ def chat_ids(hf_tokenizer: Any) -> Callable[..., list[int]]:
                                                      tokenize=True, return_dict=False))
 
     return render
-
-
-@pytest.fixture(scope="session")
-def make_tiny_model() -> ModuleType:
-    """scripts/make_tiny_model.py as a module (it is a script, not a package)."""
-    spec = importlib.util.spec_from_file_location("make_tiny_model", ROOT / "scripts" / "make_tiny_model.py")
-    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    return module

@@ -4,7 +4,8 @@ import pytest
 from transformers import AutoTokenizer
 
 from polar_mitm.conversation import Conversation, Message, Tool, ToolCall
-from polar_mitm.tokens.prompt import CallTokens, ChatRenderer, SessionHistory, to_template_messages, to_template_tools
+from polar_mitm.tokens.prompt import (CallTokens, ChatRenderer, SessionHistory, template_difference, to_template_messages,
+                                     to_template_tools)
 
 SHELL = Tool("shell", "Run a command", {"type": "object", "properties": {"command": {"type": "string"}}})
 
@@ -126,3 +127,54 @@ def test_per_turn_rendering_does_not_grow_with_history(renderer, tokenizer, monk
         messages += [reply, Message("user", f"next {turn}")]
         assert turn == 0 or prompt.source == "substituted"
     assert max(rendered_sizes[2:]) <= 3  # base (2 messages) + the one new message, whatever the history length
+
+
+@pytest.mark.parametrize("used, rendered, differ", [
+    ([1, 2, 3], [1, 2, 3], 0),
+    ([1, 2, 3, 4], [1, 2, 3], 1),  # one more at the end
+    ([1, 9, 9, 9, 2, 3], [1, 2, 3], 3),  # three inserted in the middle
+    ([1, 2, 2, 3], [1, 2, 3], 1),  # prefix and suffix overlap: still one
+    ([5, 6], [7, 8, 9], 3),
+    ([], [1], 1),
+])
+def test_template_difference_counts_the_tokens_between_common_ends(used, rendered, differ):
+    assert template_difference(used, rendered) == differ
+    assert template_difference(rendered, used) == differ
+
+
+def second_call(renderer, tokenizer, reply_text: str, resent: Message, *later: Message):
+    """A session's second call: the first reply sampled as `reply_text`, re-sent by the harness as `resent`
+    (a harness may drop its reasoning), then `later` messages. Its prompt and the template's own rendering."""
+    history = SessionHistory()
+    first = conv(USER)
+    p1 = history.build_prompt(first, renderer)
+    sample(history, p1, tokenizer, REPLY, reply_text, "c1")
+    c2 = conv(USER, resent, *later)
+    return history.build_prompt(c2, renderer), renderer.render_full(c2)
+
+
+def test_an_append_only_template_renders_what_was_substituted(renderer, tokenizer):
+    prompt, rendered = second_call(renderer, tokenizer, REPLY_TEXT, REPLY, RESULT)
+    assert prompt.source == "substituted" and template_difference(prompt.ids, rendered) == 0
+
+
+def test_reasoning_a_harness_does_not_resend_is_kept_and_counted(renderer, tokenizer):
+    no_reasoning = Message("assistant", "", None, (CALL,))
+    prompt, rendered = second_call(renderer, tokenizer, REPLY_TEXT, no_reasoning, RESULT)
+    kept = tokenizer("<think>\nI will write it.\n</think>\n\n", add_special_tokens=False)["input_ids"]
+    assert prompt.source == "substituted" and template_difference(prompt.ids, rendered) == len(kept)
+
+
+def test_qwen3s_real_template_on_a_tool_turn_and_on_a_new_user_message():
+    """Qwen3's template renders reasoning only after the last user message: after a tool result it renders the
+    sampled turn as it was (substituted, no difference); once the user speaks again it re-renders that turn
+    without its reasoning, which is no append: the proxy renders in full and says why."""
+    from tests.polar_mitm.tokens.test_reply_families import real_tokenizer
+
+    qwen3 = real_tokenizer("qwen3")
+    renderer = ChatRenderer(qwen3)
+    prompt, rendered = second_call(renderer, qwen3, REPLY_TEXT, REPLY, RESULT)
+    assert prompt.source == "substituted" and template_difference(prompt.ids, rendered) == 0
+    prompt, rendered = second_call(renderer, qwen3, REPLY_TEXT, REPLY, RESULT, Message("assistant", "Done."),
+                                   Message("user", "Now delete it."))
+    assert prompt.source == "rendered:template_not_append_only" and prompt.ids == rendered

@@ -1,0 +1,63 @@
+"""Sessions through a real mitmdump on a model with a real family's tokenizer and chat template (issue 45): the
+Qwen3 tokenizer and template as published (fetched at setup), random tiny weights over its 151k vocabulary
+(scripts/make_tiny_model.py --from-tokenizer), the reference server sampling from them. Qwen3's template renders
+reasoning only in the turns after the last user message; the proxy still finds a tool turn's history as an append
+(substituted), so the session merges into one chain, and every call is exact against the engine."""
+from __future__ import annotations
+
+import itertools
+
+import httpx
+import pytest
+from transformers import AutoTokenizer
+
+from polar_mitm.launch import stop
+from polar_traj.build import BuildConfig, build_session
+from polar_traj.reading import Session, SessionFile
+from polar_traj.records import CallRecord
+from tests.polar_mitm.conftest import start_proxy
+from tests.polar_mitm.sdk_clients import CLIENTS, Way
+from tests.polar_mitm.tokens.test_reply_families import TOKENIZERS
+from tests.prompt_oracle import assert_prompt_faithful
+
+_ids = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def tiny_qwen3(tmp_path_factory, make_tiny_model):
+    tokenizer = TOKENIZERS / "qwen3"
+    assert (tokenizer / ".installed").is_file(), f"{tokenizer}: run `make setup` (scripts/fetch_tokenizers.sh)"
+    return make_tiny_model.write_for_tokenizer(tokenizer, tmp_path_factory.mktemp("tiny-qwen3") / "tiny-qwen3")
+
+
+@pytest.fixture(scope="module")
+def qwen3_proxy(tmp_path_factory, start_reference_server, policies_dir, tiny_qwen3):
+    backend = start_reference_server(policies_dir / "tool-call.yaml", tiny_qwen3)
+    proc, handle = start_proxy(tmp_path_factory.mktemp("qwen3-proxy"), backend, tiny_qwen3)
+    yield handle
+    stop(proc)
+
+
+@pytest.mark.parametrize("api", ["openai_chat", "anthropic"])
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+def test_a_qwen3_tool_session_is_exact_and_merges(qwen3_proxy, tiny_qwen3, api, stream):
+    session = f"qwen3-{api}-{stream}-{next(_ids)}"
+    turns = CLIENTS[api](Way(None, None, qwen3_proxy.base_url, session), stream)
+    assert (turns[0].tool_name, turns[0].tool_args) == ("shell", {"command": "echo polar > polar.txt"})
+    assert turns[-1].text == "Done."
+    records = qwen3_proxy.records(session)
+    first, second = records
+    assert first["prefix_source"] == "rendered:first_call" and second["prefix_source"] == "substituted"
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_qwen3))
+    assert tokenizer.convert_tokens_to_ids("<tool_call>") in first["output_ids"]  # Qwen3's own markup token
+    for r in records:
+        assert r["error"] is None
+        assert_prompt_faithful(r, tokenizer)
+        body = {"input_ids": r["prompt_ids"], "return_logprob": True,
+                "sampling_params": {"max_new_tokens": 64, "temperature": 0, "skip_special_tokens": False}}
+        engine = httpx.post(qwen3_proxy.backend + "/generate", json=body, timeout=60).json()
+        assert r["output_ids"] == engine["output_ids"]
+    merged, _stats = build_session(Session(SessionFile("local", session, None),
+                                           [CallRecord.from_dict(r) for r in records]), BuildConfig())
+    (trajectory,) = merged  # one chain: the tool turn's history was an append
+    assert trajectory.prompt_ids + trajectory.response_ids == second["prompt_ids"] + second["output_ids"]
