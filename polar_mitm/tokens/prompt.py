@@ -23,11 +23,13 @@ from jinja2 import TemplateError
 from polar_mitm.conversation import Conversation, Message, ProviderError, Tool
 from polar_mitm.tokens.prefix_cache import PrefixCache, RenderCache, split_tokens
 
-# A fixed stand-in history: the delta of new messages is rendered after it and cut off, so the
-# per-turn template work does not grow with the real history. Its reply has reasoning: a template that renders
-# reasoning only in the turns after the last user message (Qwen3) then renders the stand-in alike whether it is
-# the last message or followed by a tool result, so the new messages still read as an append.
-_BASE = (Message("user", "polar-base"), Message("assistant", "polar-base", "polar-base"))
+# A fixed stand-in history: the delta of new messages is rendered after it and cut off, so the per-turn template
+# work does not grow with the real history. The delta is what the template writes after the stand-in reply's
+# end-of-turn token; the stand-in's own turn may render otherwise once messages follow it (Qwen3 drops the
+# reasoning of turns before the last user message): the substituted prompt keeps what was sampled there, and the
+# history check counts the difference.
+_USER, _REPLY = "polar-base", "polar-base-reply"
+_BASE = (Message("user", _USER), Message("assistant", _REPLY, "polar-base-reasoning"))
 
 
 def to_template_messages(messages: tuple[Message, ...]) -> list[dict[str, Any]]:
@@ -141,15 +143,14 @@ class ChatRenderer:
         # a template that reads the clock (strftime_now: today's date) renders differently tomorrow
         self.whole = None if "strftime" in str(getattr(tokenizer, "chat_template", "")) else RenderCache()
 
-    def _base(self, tools: tuple[Tool, ...], tools_key: bytes) -> tuple[str, str]:
-        """The stand-in history rendered with these tools, and the text the template puts after the
-        sampled end-of-turn token (e.g. "\n"), which belongs to the delta."""
+    def _head(self, tools: tuple[Tool, ...], tools_key: bytes) -> str:
+        """The stand-in history rendered with these tools, up to its user message: what comes before the turn
+        a substituted prompt replaces by the sampled one (system prompt, tools, earlier turns)."""
         if tools_key not in self._bases:
             if len(self._bases) > 64:
                 self._bases.clear()
             base = self.render_text(_BASE, tools, generation_prompt=False)
-            cut = base.rfind(self.eos_text) + len(self.eos_text) if self.eos_text else len(base)
-            self._bases[tools_key] = (base, base[cut:])
+            self._bases[tools_key] = base[: base.find(_USER) + len(_USER)]
         return self._bases[tools_key]
 
     def render_text(self, messages: tuple[Message, ...], tools: tuple[Tool, ...], generation_prompt: bool) -> str:
@@ -188,13 +189,16 @@ class ChatRenderer:
     def render_delta(
         self, new: tuple[Message, ...], tools: tuple[Tool, ...], tools_key: bytes, ended_with_eos: bool
     ) -> list[int] | None:
-        """Token ids that follow a sampled assistant turn and introduce `new` plus the generation prompt;
-        None when the template does not render the delta as an append (then render in full)."""
-        base_text, after_eos = self._base(tools, tools_key)
+        """Token ids that follow a sampled assistant turn and introduce `new` plus the generation prompt: what the
+        template writes after that turn's end-of-turn token. None when the template renders what came before
+        the turn otherwise once `new` follows, or ends the turn with no end-of-turn token (then render in full)."""
+        head = self._head(tools, tools_key)
         full = self.render_text(_BASE + new, tools, generation_prompt=True)
-        if not full.startswith(base_text):
+        reply = full.find(_REPLY, len(head))
+        end = full.find(self.eos_text, reply) if self.eos_text and reply >= 0 else -1
+        if not full.startswith(head) or end < 0:
             return None
-        delta = after_eos + full[len(base_text):]
+        delta = full[end + len(self.eos_text):]
         if not ended_with_eos:
             delta = self.eos_text + delta  # the turn was cut short: close it as the template would
         return self.encode(delta)

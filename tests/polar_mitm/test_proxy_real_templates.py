@@ -61,3 +61,43 @@ def test_a_qwen3_tool_session_is_exact_and_merges(qwen3_proxy, tiny_qwen3, api, 
                                            [CallRecord.from_dict(r) for r in records]), BuildConfig())
     (trajectory,) = merged  # one chain: the tool turn's history was an append
     assert trajectory.prompt_ids + trajectory.response_ids == second["prompt_ids"] + second["output_ids"]
+
+
+# Plain chat (no tools) on each fetched family's real template, the model sampling freely: what history
+# substitution does with that template, and exactness against the engine. Gemma 3's template renders no tools,
+# so its parser is forced off (`--tool-parser none`, as a user would).
+PLAIN = {"qwen3": (), "deepseek_v3": (), "llama3_1": (), "gemma3": ("--set", "polar_tool_parser=none")}
+
+
+@pytest.mark.parametrize("family", sorted(PLAIN))
+def test_a_two_turn_chat_on_each_real_template_is_exact_and_substituted(family, tmp_path, make_tiny_model,
+                                                                        start_reference_server):
+    tokenizer_dir = TOKENIZERS / family
+    assert (tokenizer_dir / ".installed").is_file(), f"{tokenizer_dir}: run `make setup`"
+    model = make_tiny_model.write_for_tokenizer(tokenizer_dir, tmp_path / f"tiny-{family}")
+    backend = start_reference_server(None, model)
+    proc, proxy = start_proxy(tmp_path / "proxy", backend, model, *PLAIN[family])
+    try:
+        url, headers = f"{proxy.base_url}/v1/chat/completions", {"authorization": f"Bearer plain-{family}"}
+        messages = [{"role": "user", "content": "Say something."}]
+        for follow_up in ("And more.", None):
+            r = httpx.post(url, headers=headers, timeout=120, json={
+                "model": "m", "messages": messages, "max_tokens": 6, "temperature": 0})
+            assert r.status_code == 200, r.text
+            if follow_up:
+                messages += [{"role": "assistant", "content": r.json()["choices"][0]["message"]["content"]},
+                             {"role": "user", "content": follow_up}]
+        records = proxy.records(f"plain-{family}")
+    finally:
+        stop(proc)
+    assert [r["prefix_source"] for r in records] == ["rendered:first_call", "substituted"]
+    first, second = records
+    assert second["prompt_ids"][: len(first["prompt_ids"]) + len(first["output_ids"])] == \
+        first["prompt_ids"] + first["output_ids"]
+    tokenizer = AutoTokenizer.from_pretrained(str(model))
+    for r in records:
+        assert r["error"] is None
+        assert_prompt_faithful(r, tokenizer)
+        body = {"input_ids": r["prompt_ids"], "return_logprob": True,
+                "sampling_params": {"max_new_tokens": 6, "temperature": 0, "skip_special_tokens": False}}
+        assert r["output_ids"] == httpx.post(backend + "/generate", json=body, timeout=60).json()["output_ids"]

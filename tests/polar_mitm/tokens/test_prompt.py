@@ -167,8 +167,8 @@ def test_reasoning_a_harness_does_not_resend_is_kept_and_counted(renderer, token
 
 def test_qwen3s_real_template_on_a_tool_turn_and_on_a_new_user_message():
     """Qwen3's template renders reasoning only after the last user message: after a tool result it renders the
-    sampled turn as it was (substituted, no difference); once the user speaks again it re-renders that turn
-    without its reasoning, which is no append: the proxy renders in full and says why."""
+    sampled turn as it was (no difference); once the user speaks again it would render that turn without its
+    reasoning. The prompt keeps what was sampled (one chain) and the difference is those reasoning tokens."""
     from tests.polar_mitm.tokens.test_reply_families import real_tokenizer
 
     qwen3 = real_tokenizer("qwen3")
@@ -177,4 +177,6 @@ def test_qwen3s_real_template_on_a_tool_turn_and_on_a_new_user_message():
     assert prompt.source == "substituted" and template_difference(prompt.ids, rendered) == 0
     prompt, rendered = second_call(renderer, qwen3, REPLY_TEXT, REPLY, RESULT, Message("assistant", "Done."),
                                    Message("user", "Now delete it."))
-    assert prompt.source == "rendered:template_not_append_only" and prompt.ids == rendered
+    think = qwen3.encode("<think>\nI will write it.\n</think>\n\n", add_special_tokens=False)
+    assert prompt.source == "substituted" and template_difference(prompt.ids, rendered) == len(think)
+    assert len(prompt.ids) - len(rendered) == len(think)

@@ -1,0 +1,183 @@
+"""How each model family writes a tool call in its reply text (issue 45): the tags around a call and the
+parser of what is between them, one `CallFormat` per tool parser. polar_mitm/tokens/reply_parser.py finds the
+tags in a streamed reply; these functions read one call's text. Harmony (gpt-oss) is a channel format of its own,
+parsed there.
+
+  hermes       <tool_call>{"name": …, "arguments": {…}}</tool_call>                      Qwen2.5/3, Hermes
+  qwen3_coder  <tool_call><function=NAME><parameter=KEY>VALUE</parameter></function></tool_call>  Qwen3-Coder
+  glm45        <tool_call>NAME<arg_key>KEY</arg_key><arg_value>VALUE</arg_value></tool_call>     GLM-4.5/4.6
+  deepseek_v3  <｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME ```json {…}```<｜tool▁call▁end｜> (V3, R1),
+               or NAME<｜tool▁sep｜>{…} (V3.1), inside <｜tool▁calls▁begin｜>…<｜tool▁calls▁end｜>
+  kimi_k2      <|tool_call_begin|>functions.NAME:0<|tool_call_argument_begin|>{…}<|tool_call_end|>, inside
+               <|tool_calls_section_begin|>…<|tool_calls_section_end|>
+  mistral      [TOOL_CALLS][{"name": …, "arguments": {…}}, …] (v3/v7) or [TOOL_CALLS]NAME[ARGS]{…} (v11, with
+               an optional [CALL_ID]ID), each call running to the next [TOOL_CALLS] or the end of the reply
+  llama3_json  {"name": …, "parameters": {…}} as the whole reply, or after <|python_tag|>; several joined by ;
+A VALUE in an XML-ish call (qwen3_coder, glm45) that is valid JSON is decoded, else kept as a string.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any, Callable
+
+Call = tuple[str, dict[str, Any]]
+
+_FUNCTION = re.compile(r"\s*<function=([^>\n]+)>(.*?)</function>\s*", re.S)
+_PARAMETER = re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>", re.S)
+_GLM_ARG = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.S)
+_DEEPSEEK_FENCE = re.compile(r"\s*([^\n`]+?)\s*\n```(?:json)?\s*\n(.*?)\n?```\s*", re.S)
+_KIMI_NAME = re.compile(r"\s*(?:functions\.)?([^\s:<]+)(?::\d+)?\s*", re.S)
+_DS_SEP, _KIMI_ARGS = "<｜tool▁sep｜>", "<|tool_call_argument_begin|>"
+_MISTRAL_ARGS, _MISTRAL_ID = "[ARGS]", "[CALL_ID]"
+
+
+def json_object(text: str) -> dict[str, Any] | None:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _named_call(obj: Any) -> Call | None:
+    """{"name": …, "arguments"|"parameters": {…} or its JSON text} → (name, arguments)."""
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
+        return None
+    args = obj.get("arguments", obj.get("parameters"))
+    if isinstance(args, str):
+        args = json_object(args)
+    elif args is None:
+        args = {}
+    return (obj["name"], args) if isinstance(args, dict) else None
+
+
+def parse_hermes(body: str) -> tuple[str, dict[str, Any]] | None:
+    """`{"name": …, "arguments": {…}}` → (name, arguments), or None when it does not parse."""
+    return _named_call(json_object(body.strip()))
+
+
+def _xml_value(raw: str) -> Any:
+    raw = raw[1:] if raw.startswith("\n") else raw
+    raw = raw[:-1] if raw.endswith("\n") else raw
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError:
+        return raw
+
+
+def parse_qwen3_coder(body: str) -> tuple[str, dict[str, Any]] | None:
+    """`<function=NAME><parameter=KEY>VALUE</parameter>…</function>` → (name, arguments), or None."""
+    match = _FUNCTION.fullmatch(body)
+    if match is None or not match.group(1).strip():
+        return None
+    args = _pairs(match.group(2), _PARAMETER)
+    return None if args is None else (match.group(1).strip(), args)
+
+
+def _pairs(inner: str, pattern: re.Pattern[str]) -> dict[str, Any] | None:
+    """KEY/VALUE pairs that make up all of `inner` (whitespace between them aside), or None."""
+    args: dict[str, Any] = {}
+    end = 0
+    for pair in pattern.finditer(inner):
+        if inner[end:pair.start()].strip():
+            return None
+        args[pair.group(1).strip()] = _xml_value(pair.group(2))
+        end = pair.end()
+    return None if inner[end:].strip() else args
+
+
+def parse_glm45(body: str) -> Call | None:
+    """`NAME\n<arg_key>KEY</arg_key>\n<arg_value>VALUE</arg_value>…` → (name, arguments), or None."""
+    name, tag, rest = body.partition("<arg_key>")
+    name = name.strip()
+    if not name or any(c in name for c in "<>\n"):
+        return None
+    args = _pairs(tag + rest, _GLM_ARG)
+    return None if args is None else (name, args)
+
+
+def parse_deepseek(body: str) -> Call | None:
+    """V3/R1 `function<｜tool▁sep｜>NAME\n```json\n{…}\n```` or V3.1 `NAME<｜tool▁sep｜>{…}` → (name, arguments)."""
+    head, sep, rest = body.partition(_DS_SEP)
+    if not sep:
+        return None
+    fenced = _DEEPSEEK_FENCE.fullmatch(rest)
+    name, args = (fenced.group(1), json_object(fenced.group(2))) if fenced else (head.strip(), json_object(rest))
+    return (name, args) if name and args is not None else None
+
+
+def parse_kimi_k2(body: str) -> Call | None:
+    """`functions.NAME:INDEX<|tool_call_argument_begin|>{…}` → (name, arguments), or None."""
+    head, sep, rest = body.partition(_KIMI_ARGS)
+    named = _KIMI_NAME.fullmatch(head)
+    args = json_object(rest)
+    return (named.group(1), args) if sep and named and args is not None else None
+
+
+def parse_mistral(body: str) -> list[Call] | None:
+    """After one [TOOL_CALLS]: a JSON list of calls (v3/v7), or `NAME[ARGS]{…}` with an optional
+    `[CALL_ID]ID` before or after [ARGS] (v11)."""
+    text = body.strip()
+    if text.startswith("["):
+        try:
+            items = json.loads(text)
+        except json.JSONDecodeError:
+            return None
+        calls = [_named_call(i) for i in items] if isinstance(items, list) else [None]
+        return None if not calls or None in calls else calls  # type: ignore[return-value]
+    name, sep, args_text = text.partition(_MISTRAL_ARGS)
+    name = name.split(_MISTRAL_ID)[0].strip()
+    args_text = args_text.split(_MISTRAL_ID)[0]
+    args = json_object(args_text.strip()) if sep else None
+    if not name or any(c in name for c in " []{}\n") or args is None:
+        return None
+    return [(name, args)]
+
+
+def parse_llama3_json(body: str) -> list[Call] | None:
+    """One or more `{"name": …, "parameters": {…}}` joined by `;` (or whitespace) → calls, or None."""
+    decoder, calls, at, text = json.JSONDecoder(), [], 0, body.strip()
+    while at < len(text):
+        try:
+            obj, at = decoder.raw_decode(text, at)
+        except json.JSONDecodeError:
+            return None
+        call = _named_call(obj)
+        if call is None:
+            return None
+        calls.append(call)
+        while at < len(text) and (text[at].isspace() or text[at] == ";"):
+            at += 1
+    return calls or None
+
+
+def _one(parse: Callable[[str], Call | None]) -> Callable[[str], list[Call] | None]:
+    def parse_list(body: str) -> list[Call] | None:
+        call = parse(body)
+        return None if call is None else [call]
+    return parse_list
+
+
+@dataclass(frozen=True)
+class CallFormat:
+    """How one family marks a tool call in its reply text."""
+    open: str
+    close: str | None  # None: a call runs to the next `open` or to the end of the reply
+    parse: Callable[[str], list[Call] | None]  # the text between the tags → calls, or None
+    sections: tuple[str, ...] = ()  # tags around a group of calls: dropped
+    bare_json: bool = False  # a reply that begins with `{` is a call (Llama 3's JSON tool calling)
+
+
+CALL_FORMATS: dict[str, CallFormat] = {
+    "hermes": CallFormat("<tool_call>", "</tool_call>", _one(parse_hermes)),
+    "qwen3_coder": CallFormat("<tool_call>", "</tool_call>", _one(parse_qwen3_coder)),
+    "glm45": CallFormat("<tool_call>", "</tool_call>", _one(parse_glm45)),
+    "deepseek_v3": CallFormat("<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", _one(parse_deepseek),
+                              ("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>")),
+    "kimi_k2": CallFormat("<|tool_call_begin|>", "<|tool_call_end|>", _one(parse_kimi_k2),
+                          ("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>")),
+    "mistral": CallFormat("[TOOL_CALLS]", None, parse_mistral),
+    "llama3_json": CallFormat("<|python_tag|>", None, parse_llama3_json, bare_json=True),
+}
