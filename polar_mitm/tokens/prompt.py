@@ -138,7 +138,7 @@ class ChatRenderer:
         # a fast tokenizer's Rust backend directly: the same ids without the Python wrapper's ~0.3 ms a call
         self._backend = getattr(tokenizer, "_tokenizer", None) if getattr(tokenizer, "is_fast", False) else None
         self.eos_text = tokenizer.decode([tokenizer.eos_token_id]) if tokenizer.eos_token_id is not None else ""
-        self._bases: dict[bytes, tuple[str, str]] = {}
+        self._bases: dict[bytes, str] = {}  # tools key -> the stand-in history rendered up to its user message
         self.prefixes = PrefixCache(self.encode, split_tokens(tokenizer))
         # a template that reads the clock (strftime_now: today's date) renders differently tomorrow
         self.whole = None if "strftime" in str(getattr(tokenizer, "chat_template", "")) else RenderCache()

@@ -4,8 +4,8 @@ import pytest
 from transformers import AutoTokenizer
 
 from polar_mitm.conversation import Conversation, Message, Tool, ToolCall
-from polar_mitm.tokens.prompt import (CallTokens, ChatRenderer, SessionHistory, template_difference, to_template_messages,
-                                     to_template_tools)
+from polar_mitm.tokens.prompt import (CallTokens, ChatRenderer, SessionHistory, template_difference,
+                                     to_template_messages, to_template_tools)
 
 SHELL = Tool("shell", "Run a command", {"type": "object", "properties": {"command": {"type": "string"}}})
 
