@@ -272,7 +272,7 @@ class HarmonyParser(ReplyParser):
     <|call|> or <|return|>, stop tokens that never reach the text). Channel analysis is reasoning, final and
     commentary content, and a message to `functions.NAME` (or any recipient) a call with BODY as its JSON."""
 
-    def __init__(self, *, call_id_prefix: str = "call_", starts_in_reasoning: bool = False) -> None:
+    def __init__(self, *, call_id_prefix: str = "call_") -> None:
         super().__init__(None, None, call_id_prefix=call_id_prefix)
         self._mode = "header"
         self._recipient: str | None = None
