@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-PARSED = ("hermes", "qwen3_coder", "glm45", "deepseek_v3", "kimi_k2", "mistral", "llama3_json", "harmony")
+from polar_mitm.tokens.reply_parser import TOOL_PARSERS as PARSED
 # (family, a marker its template writes, the parser; None: not parsed yet). First match wins: the more specific
 # markers go first (Qwen3-Coder's <tool_call> holds <function=; GLM's holds <arg_key>).
 FAMILIES: tuple[tuple[str, tuple[str, ...], str | None], ...] = (

@@ -78,9 +78,7 @@ def load_model(spec: str, tool_parser: str = "auto", reasoning_parser: str = "au
     if reasoning_parser == "auto":
         reasoning_parser = (formats.reasoning_parser if formats else
                             "harmony" if tools == "harmony" else reasoning_of(template)) or "none"
-    if (tools == "harmony") != (reasoning_parser == "harmony") and reasoning_parser != "none":
-        raise ValueError("harmony is both the tool and the reasoning format: pass --reasoning-parser harmony "
-                         "with --tool-parser harmony")
+    new_parser(tools, reasoning_parser)  # ValueError here, at start, for a pair no parser takes (harmony's)
     config = _read_json(model_dir / "config.json")
     stop = set(_as_list(_read_json(model_dir / "generation_config.json").get("eos_token_id")))
     if tokenizer.eos_token_id is not None:

@@ -138,7 +138,7 @@ class ChatRenderer:
         # a fast tokenizer's Rust backend directly: the same ids without the Python wrapper's ~0.3 ms a call
         self._backend = getattr(tokenizer, "_tokenizer", None) if getattr(tokenizer, "is_fast", False) else None
         self.eos_text = tokenizer.decode([tokenizer.eos_token_id]) if tokenizer.eos_token_id is not None else ""
-        self._bases: dict[bytes, str] = {}  # tools key -> the stand-in history rendered up to its user message
+        self._heads: dict[bytes, str] = {}  # tools key -> the stand-in history rendered up to its user message
         self.prefixes = PrefixCache(self.encode, split_tokens(tokenizer))
         # a template that reads the clock (strftime_now: today's date) renders differently tomorrow
         self.whole = None if "strftime" in str(getattr(tokenizer, "chat_template", "")) else RenderCache()
@@ -146,12 +146,12 @@ class ChatRenderer:
     def _head(self, tools: tuple[Tool, ...], tools_key: bytes) -> str:
         """The stand-in history rendered with these tools, up to its user message: what comes before the turn
         a substituted prompt replaces by the sampled one (system prompt, tools, earlier turns)."""
-        if tools_key not in self._bases:
-            if len(self._bases) > 64:
-                self._bases.clear()
+        if tools_key not in self._heads:
+            if len(self._heads) > 64:
+                self._heads.clear()
             base = self.render_text(_BASE, tools, generation_prompt=False)
-            self._bases[tools_key] = base[: base.find(_USER) + len(_USER)]
-        return self._bases[tools_key]
+            self._heads[tools_key] = base[: base.find(_USER) + len(_USER)]
+        return self._heads[tools_key]
 
     def render_text(self, messages: tuple[Message, ...], tools: tuple[Tool, ...], generation_prompt: bool) -> str:
         return self._render(to_template_messages(messages), to_template_tools(tools), generation_prompt)

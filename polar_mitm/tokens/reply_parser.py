@@ -347,8 +347,9 @@ def new_parser(
 ) -> ReplyParser:
     """The parser for a model's reply format: harmony's own, or the tag-driven one."""
     if tool_parser == "harmony" or reasoning_parser == "harmony":
-        if tool_parser not in ("harmony", None, "none") or reasoning_parser not in ("harmony", None, "none"):
-            raise ValueError("harmony is both the tool and the reasoning format: pass it for both (or none)")
+        if tool_parser != "harmony" or reasoning_parser not in ("harmony", None, "none"):
+            raise ValueError("harmony is both the tool and the reasoning format: pass --tool-parser harmony with "
+                             "--reasoning-parser harmony (or none)")
         return HarmonyParser(call_id_prefix=call_id_prefix)
     return ReplyParser(tool_parser, reasoning_parser, starts_in_reasoning=starts_in_reasoning,
                        call_id_prefix=call_id_prefix)
