@@ -136,6 +136,17 @@ def chain_tokens(calls: Sequence[CallRecord]) -> tuple[list[int], list[int], lis
     return prompt, response, mask, logprobs
 
 
+def call_outputs(calls: Sequence[CallRecord]) -> list[list[int | None]]:
+    """[start, end, policy_version] of each call's sampled tokens in the chain's response side (as chain_tokens
+    lays it out): a trainer masks or weighs each call by its own policy version."""
+    base = len(calls[0].prompt_ids)
+    out: list[list[int | None]] = []
+    for n, call in enumerate(calls):
+        start = len(call.prompt_ids) - base if n else 0
+        out.append([start, start + len(call.output_ids), call.policy_version])
+    return out
+
+
 def build_session(session: Session, config: BuildConfig) -> tuple[list[Trajectory], MergeStats]:
     ordered = order_calls(session.records)
     usable = [r for r in ordered if r.error is None]
@@ -188,6 +199,7 @@ def _trajectory(session: Session, calls: Sequence[CallRecord], start: ChainStart
         request, reply = (last.request, last.response) if last.request else session.payload(last.call_id)
         meta["conversation"] = {"api": last.api, "call_id": last.call_id, "request": request, "response": reply}
     meta["lineage"] = lineage
+    meta["call_outputs"] = call_outputs(calls)
     return Trajectory(
         trajectory_id=trajectory_id(session.session_id, config.strategy, calls[0].call_id),
         task_id=session.task_id, session_id=session.session_id, strategy=config.strategy,

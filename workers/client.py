@@ -14,7 +14,7 @@ import dataclasses
 import json
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import redis
 
@@ -74,13 +74,14 @@ class PolarClient:
                adapter: str | None = None, out: str | Path = "runs/batches", max_staleness: int | None = None,
                batch_id: str | None = None, sampling: dict[str, Any] | None = None,
                strategy: str = "prefix_merge", tasks_root: str | Path | None = None,
-               run_offline: bool = False) -> "Batch":
+               run_offline: bool = False, task_ids: Sequence[str] | None = None) -> "Batch":
         """Queue `group_size` samples of every task in the tasks file (YAML or JSONL, polar.tasks.spec).
         `sampling`: some of temperature, top_p, top_k, max_tokens, seed, used for every LLM call of the batch
         whatever the agent's requests ask for (polar_mitm/sessions/sampling.py). `strategy`: prefix_merge (one row per
         append-only chain) or per_request (one row per LLM call). `tasks_root`: where the tasks' paths may lead
         (polar/tasks/roots.py; recorded in the manifest, so every node holds the batch to it). `run_offline`: run
-        tasks that ask for the internet without it (refused otherwise: no sample gets it)."""
+        tasks that ask for the internet without it (refused otherwise: no sample gets it). `task_ids`: only these
+        tasks of the file, in this order (a trainer's step; KeyError naming an id the file does not hold)."""
         from polar.harness.adapters import load_adapter
         from polar.tasks.roots import tasks_roots
         from polar.tasks.spec import load_tasks, refuse_online
@@ -88,6 +89,11 @@ class PolarClient:
         tasks_file = Path(tasks).resolve()
         roots = tasks_roots(tasks_file, tasks_root)
         specs = load_tasks(tasks_file, roots)
+        if task_ids is not None:
+            by_id = {t.task_id: t for t in specs}
+            if missing := [t for t in task_ids if t not in by_id]:
+                raise KeyError(f"{tasks_file}: no task {', '.join(map(repr, missing))}")
+            specs = [by_id[t] for t in task_ids]
         refuse_online(specs, run_offline, tasks_file)
         for name in {adapter} if adapter else {t.adapter for t in specs}:
             if not name:

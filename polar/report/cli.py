@@ -1,4 +1,5 @@
-"""`polar report RUN_OR_PARQUET [-o report.html]`: one self-contained HTML page of a run or a batch.
+"""`polar report RUN_OR_PARQUET [-o report.html]`: one self-contained HTML page of a run or a batch (or of a
+`polar train` run: reward, importance ratio and staleness per step).
 
 Sections: batch header, status and failure reasons, reward per task and harness, group spread and
 advantages, per-call latency and tokens, trainer tokens per_request vs prefix_merge, chain starts and
@@ -20,7 +21,8 @@ DEFAULT_TOKEN_VIEWS = 200
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("report", help="draw a run or batch as one self-contained HTML page", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("source", type=Path, help="a `polar run` folder, a batch folder, or a Parquet file/directory")
+    p.add_argument("source", type=Path, help="a `polar run` folder, a batch folder, a `polar train` folder, or a Parquet "
+                                                "file/directory")
     p.add_argument("-o", "--out", type=Path, help="HTML file to write (default: SOURCE/report.html, or "
                                                   "report.html beside a Parquet file)")
     p.add_argument("--tokenizer", type=Path, help="model directory to decode tokens with (default: the run's)")
@@ -53,8 +55,12 @@ def render_report(source: str | os.PathLike, tokenizer: str | os.PathLike | None
 
 def write_report(source: str | os.PathLike, out: str | os.PathLike, tokenizer: str | os.PathLike | None = None,
                  max_token_views: int = DEFAULT_TOKEN_VIEWS) -> Path:
-    """Render and write atomically (temp name in the same folder, then rename)."""
-    html = render_report(source, tokenizer, max_token_views)
+    """Render and write atomically (temp name in the same folder, then rename). A `polar train` run folder gets
+    its training page (polar/report/training.py)."""
+    from polar.report.training import is_train_run, render_training
+
+    html = render_training(Path(source)) if is_train_run(Path(source)) else \
+        render_report(source, tokenizer, max_token_views)
     return atomic.write_text(out, html, mode=0o644)
 
 

@@ -156,8 +156,8 @@ def histogram(name: str, title: str, series: Mapping[str, Sequence[float]], unit
 
 
 def scatter(name: str, title: str, series: Mapping[str, Sequence[tuple[float, float]]], xlabel: str,
-            ylabel: str) -> str:
-    """Points (x, y), one colour per series."""
+            ylabel: str, joined: bool = False) -> str:
+    """Points (x, y), one colour per series; `joined`: each series' points joined in order (a curve)."""
     pts = [p for ps in series.values() for p in ps] or [(0.0, 0.0)]
     x_hi = max(p[0] for p in pts) or 1.0
     y_hi = max(p[1] for p in pts) or 1.0
@@ -172,6 +172,9 @@ def scatter(name: str, title: str, series: Mapping[str, Sequence[tuple[float, fl
     for i, (k, ps) in enumerate(series.items()):
         body.append(f'<rect x="{60 + 130 * i}" y="22" width="10" height="10" fill="{color(i)}"/>')
         body.append(_text(74 + 130 * i, 31, _clip(k, 16), cls="tick"))
+        if joined and len(ps) > 1:
+            line = " ".join(f"{x(a):.1f},{y(b):.1f}" for a, b in ps)
+            body.append(f'<polyline points="{line}" fill="none" stroke="{color(i)}" stroke-width="1.5"/>')
         body += [f'<circle cx="{x(a):.1f}" cy="{y(b):.1f}" r="4" fill="{color(i)}" fill-opacity="0.7">'
                  f'<title>{escape(k)}: {_fmt(a)} {escape(xlabel)}, {_fmt(b)} {escape(ylabel)}</title></circle>'
                  for a, b in ps]

@@ -2,7 +2,7 @@
 finished groups' Parquet rows into what a GRPO step consumes: prompt and response ids, the loss mask as the
 completion mask, the recorded behaviour logprobs as old logprobs, rewards, advantages and policy versions.
 
-    rollouts = PolarRollouts(client, tasks, RolloutConfig(group_size=4, out=Path("runs/trl")))
+    rollouts = PolarRollouts(client, Path("tasks.yaml"), RolloutConfig(group_size=4, out=Path("runs/trl")))
     step = rollouts.collect(["vowels-0", "vowels-1"])       # blocks until both groups are final
     step.rows[0].response_ids, step.rows[0].old_logprobs, step.rows[0].advantage
 
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
-import yaml
+from polar.trl.correction import staleness_mask
 
 
 @dataclass(frozen=True)
@@ -23,8 +23,8 @@ class RolloutConfig:
     group_size: int
     out: Path  # the batches' root (storage every node sees)
     sampling: dict[str, Any] = field(default_factory=lambda: {"temperature": 1.0, "max_tokens": 16})
-    # a row whose first call is more than this many versions behind the trainer's is not trained on (and
-    # Polar marks rows whose own calls span more than this many versions: metadata.stale); None: no limit
+    # a call made more than this many versions before the trainer's current one is not trained on (its tokens
+    # masked, counted per step); a row left with no call to train is dropped. None: no limit
     max_staleness: int | None = None
     timeout_s: float = 600.0
     # submit the next step's batch as soon as this one is collected, so it runs while the trainer trains and
@@ -47,7 +47,9 @@ class Row:
     weight: float  # 0: masked by Polar (infrastructure failure), never trained on
     policy_version_min: int | None
     policy_version_max: int | None
-    stale: bool  # Polar's mark (calls spanning more than max_staleness versions) or too old for the trainer
+    stale: bool  # not trained: every call too old for the trainer (or Polar's mark, for rows without calls' spans)
+    # per call: [start, end) of its sampled tokens in response_ids and its policy version (metadata.call_outputs)
+    call_outputs: tuple[tuple[int, int, int | None], ...] = ()
 
     @property
     def usable(self) -> bool:
@@ -59,6 +61,8 @@ class StepRollouts:
     batch_id: str
     rows: list[Row]  # grouped: each group's rows together, groups in the order asked for
     wait_s: float  # submit to the last group final
+    trainer_version: int = 0  # the policy version the trainer held when it collected them
+    masked_calls: int = 0  # calls older than max_staleness, their tokens masked
 
     @property
     def usable(self) -> list[Row]:
@@ -70,6 +74,10 @@ class StepRollouts:
 
     def versions(self) -> set[int]:
         return {v for r in self.usable for v in (r.policy_version_min, r.policy_version_max) if v is not None}
+
+    def lag(self, row: Row) -> int | None:
+        """Versions between the row's oldest call and the trainer (None: no call reported one)."""
+        return None if row.policy_version_min is None else self.trainer_version - row.policy_version_min
 
 
 def _version(value: Any) -> int | None:
@@ -86,16 +94,21 @@ def row_from_record(rec: dict[str, Any]) -> Row:
                None if reward is None or reward != reward else float(reward),
                None if advantage is None or advantage != advantage else float(advantage),
                float(rec["weight"]), _version(rec.get("policy_version_min")),
-               _version(rec.get("policy_version_max")), bool(meta.get("stale", False)))
+               _version(rec.get("policy_version_max")), bool(meta.get("stale", False)),
+               tuple((int(a), int(b), _version(v)) for a, b, v in meta.get("call_outputs") or ()))
 
 
 class PolarRollouts:
-    """Submits one batch per training step: the given tasks, `group_size` samples each."""
+    """Submits one batch per training step: the step's tasks of a tasks source (a YAML or JSONL tasks file, a
+    Harbor task directory or a folder of them: what `polar submit` takes), `group_size` samples each, every task's
+    harness replaced by `adapter` when given."""
 
-    def __init__(self, client: Any, tasks: list[dict[str, Any]], config: RolloutConfig) -> None:
-        self.client, self.config = client, config
-        self.tasks = {t["task_id"]: t for t in tasks}
-        self.submitted = 0  # batches so far (names their task files)
+    def __init__(self, client: Any, tasks: Path, config: RolloutConfig, adapter: str | None = None) -> None:
+        from polar.tasks.spec import load_tasks
+
+        self.client, self.config, self.source, self.adapter = client, config, Path(tasks), adapter
+        self.task_ids = [t.task_id for t in load_tasks(self.source)]  # a broken source fails here, not mid-run
+        self.submitted = 0  # batches so far
         self.model_version = 0  # the trainer's policy version, for max_staleness
         self._ahead: tuple[list[str], Any] | None = None  # overlap: (task ids, batch) submitted for next step
 
@@ -119,16 +132,22 @@ class PolarRollouts:
         limit, first = self.config.max_staleness, row.policy_version_min
         return limit is not None and first is not None and self.model_version - first > limit
 
-    def _tasks_file(self, task_ids: list[str]) -> Path:
-        path = self.config.out / "tasks" / f"step-{self.submitted:05d}.yaml"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(yaml.safe_dump({"tasks": [self.tasks[t] for t in task_ids]}, sort_keys=False))
-        return path
+    def apply_staleness(self, row: Row) -> tuple[Row, int]:
+        """The row as the trainer may train it, and the calls masked: each call older than max_staleness
+        versions has its tokens masked; a row left with none is stale. This per-call rule replaces Polar's
+        row mark (metadata.stale: calls spanning versions), which would drop a row's fresh calls with its
+        old ones. A row without call spans (written before them) goes by its oldest call."""
+        if self.config.max_staleness is None:
+            return row, 0
+        if not row.call_outputs:
+            return (replace(row, stale=True) if self.too_old(row) else row), 0
+        mask, masked = staleness_mask(row.loss_mask, row.call_outputs, self.model_version, self.config.max_staleness)
+        return replace(row, loss_mask=mask, stale=not any(mask)), masked
 
     def _submit(self, task_ids: list[str]) -> Any:
-        batch = self.client.submit(self._tasks_file(task_ids), group_size=self.config.group_size,
+        batch = self.client.submit(self.source, group_size=self.config.group_size, adapter=self.adapter,
                                    out=self.config.out, max_staleness=self.config.max_staleness,
-                                   sampling=self.config.sampling)
+                                   sampling=self.config.sampling, task_ids=task_ids)
         self.submitted += 1
         return batch
 
@@ -148,15 +167,15 @@ class PolarRollouts:
             raise
         records = batch.trajectories().to_dict("records")
         by_task: dict[str, list[Row]] = {}
+        masked_calls = 0
         for rec in records:
-            row = row_from_record(rec)
-            if self.too_old(row):
-                row = replace(row, stale=True)
+            row, masked = self.apply_staleness(row_from_record(rec))
+            masked_calls += masked
             by_task.setdefault(row.task_id, []).append(row)
         rows = [r for t in task_ids for r in sorted(by_task.get(t, []), key=lambda r: r.trajectory_id)]
         if self.config.overlap:
             self._ahead = (list(task_ids), self._submit(task_ids))
-        return StepRollouts(batch.batch_id, rows, time.monotonic() - t0)
+        return StepRollouts(batch.batch_id, rows, time.monotonic() - t0, self.model_version, masked_calls)
 
     def trl_rollout_func(self, on_rollouts: Callable[[StepRollouts, Any], None] | None = None
                          ) -> Callable[[list[Any], Any], dict[str, list]]:

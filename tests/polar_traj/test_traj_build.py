@@ -111,6 +111,9 @@ def test_unparsed_tool_calls_and_policy_versions(capture, write_records, make_re
     c1 = make_record(P0 + [40, EOT, 50], [41, EOT], call_id="c1", policy_version=5, flags=["unparsed_tool_call"])
     (t,), _ = built(capture, write_records, [c0, c1])
     assert t.policy_versions == (3, 5)
+    # each call's sampled tokens in the response and the version that sampled them: a trainer's per-call rule
+    assert t.metadata["call_outputs"] == [[0, 2, 3], [3, 5, 5]]
+    assert [t.response_ids[a:b] for a, b, _ in t.metadata["call_outputs"]] == [[40, EOT], [41, EOT]]
     assert t.metadata["unparsed_tool_call_ids"] == ["c1"]
     assert t.metadata["flags"] == {"c1": ["unparsed_tool_call"]}
     assert t.metadata["parent_mismatch_call_ids"] == []

@@ -6,14 +6,7 @@ import json
 import pytest
 
 from polar.trl.rollouts import StepRollouts, row_from_record, trl_fields
-
-
-def record(sample: str, task: str, reward, weight=1.0, versions=(0, 0)) -> dict:
-    return {"trajectory_id": f"{sample}/prefix_merge/c1", "task_id": task, "group_id": f"b.{task}",
-            "prompt_ids": [1, 2], "response_ids": [3, 4, 5], "loss_mask": [1, 0, 1],
-            "logprobs": [-0.5, 0.0, -0.25], "policy_version_min": versions[0], "policy_version_max": versions[1],
-            "reward": reward, "advantage": None if weight == 0 else 0.1, "weight": weight,
-            "metadata": json.dumps({"stale": versions[0] != versions[1]})}
+from tests.polar.trl.conftest import FakeClient, record
 
 
 def test_row_from_record():
@@ -36,60 +29,54 @@ def test_trl_fields_keep_masked_rows_in_place_untrained():
         trl_fields(step, ["a", "b"], 3)
 
 
-def test_rows_too_old_for_the_trainer_are_not_trained(tmp_path):
+def test_rows_without_call_spans_go_by_their_oldest_call(tmp_path, tasks_file):
     from polar.trl.rollouts import PolarRollouts, RolloutConfig
 
-    rollouts = PolarRollouts(None, [], RolloutConfig(group_size=2, out=tmp_path, max_staleness=1))
+    rollouts = PolarRollouts(None, tasks_file, RolloutConfig(group_size=2, out=tmp_path, max_staleness=1))
     rollouts.update_model_version(3)
     old, recent = (row_from_record(record("s0", "t", 0.5, versions=(1, 1))),
                    row_from_record(record("s1", "t", 0.5, versions=(2, 2))))
-    assert rollouts.too_old(old) and not rollouts.too_old(recent)
-    from dataclasses import replace
-
-    out = trl_fields(StepRollouts("b", [replace(old, stale=True), recent], 1.0), ["t"], 2)
+    (old, n_old), (recent, n_recent) = rollouts.apply_staleness(old), rollouts.apply_staleness(recent)
+    assert old.stale and not recent.stale and n_old == n_recent == 0
+    out = trl_fields(StepRollouts("b", [old, recent], 1.0), ["t"], 2)
     assert out["env_mask"] == [[0, 0, 0], [1, 0, 1]] and out["polar_reward"] == [None, 0.5]
 
 
-class FakeBatch:
-    def __init__(self, n: int, task_ids: list[str]) -> None:
-        self.batch_id, self.task_ids, self.cancelled = f"b{n}", task_ids, False
-
-    def wait(self, timeout: float, poll_s: float) -> None:
-        pass
-
-    def cancel(self) -> bool:
-        self.cancelled = True
-        return True
-
-    def trajectories(self):
-        import pandas as pd
-
-        return pd.DataFrame([record(f"{self.batch_id}.{t}", t, 0.5) for t in self.task_ids])
+def two_calls(sample: str, versions: tuple[int, int]) -> dict:
+    """A merged row of two calls (one sampled token each, a template token between) at the given versions;
+    Polar's service marked it stale (its calls span versions)."""
+    rec = record(sample, "t", 0.5, versions=(min(versions), max(versions)))
+    rec["metadata"] = json.dumps({"stale": versions[0] != versions[1],
+                                  "call_outputs": [[0, 1, versions[0]], [2, 3, versions[1]]]})
+    return rec
 
 
-class FakeClient:
-    """PolarClient's outer edge: submit() hands out batches that are already finished."""
+def test_staleness_applies_per_call(tmp_path, tasks_file):
+    from polar.trl.rollouts import PolarRollouts, RolloutConfig
 
-    def __init__(self) -> None:
-        self.batches: list[FakeBatch] = []
+    row = row_from_record(two_calls("s0", (2, 3)))
+    assert row.call_outputs == ((0, 1, 2), (2, 3, 3)) and row.stale  # Polar's mark: spans versions
+    rollouts = PolarRollouts(None, tasks_file, RolloutConfig(group_size=1, out=tmp_path, max_staleness=0))
+    rollouts.update_model_version(3)
+    kept, masked = rollouts.apply_staleness(row)
+    assert kept.loss_mask == [0, 0, 1] and not kept.stale and masked == 1  # the old call out, the new one trained
+    rollouts.update_model_version(4)
+    gone, masked = rollouts.apply_staleness(row)
+    assert gone.loss_mask == [0, 0, 0] and gone.stale and masked == 2
+    step = StepRollouts("b", [kept], 1.0, trainer_version=3)
+    assert trl_fields(step, ["t"], 1)["env_mask"] == [[0, 0, 1]] and step.lag(kept) == 1
 
-    def submit(self, tasks_file, **kwargs) -> FakeBatch:
-        import yaml
 
-        ids = [t["task_id"] for t in yaml.safe_load(open(tasks_file))["tasks"]]
-        self.batches.append(FakeBatch(len(self.batches), ids))
-        return self.batches[-1]
-
-
-def test_overlap_submits_the_next_batch_ahead(tmp_path):
+def test_overlap_submits_the_next_batch_ahead(tmp_path, tasks_file):
     from polar.trl.rollouts import PolarRollouts, RolloutConfig
 
     client = FakeClient()
-    tasks = [{"task_id": t} for t in ("a", "b")]
-    rollouts = PolarRollouts(client, tasks, RolloutConfig(group_size=1, out=tmp_path, overlap=True))
-    first = rollouts.collect(["a", "b"])
+    rollouts = PolarRollouts(client, tasks_file, RolloutConfig(group_size=1, out=tmp_path, overlap=True))
+    both = rollouts.task_ids
+    first = rollouts.collect(both)
     assert first.batch_id == "b0" and len(client.batches) == 2  # b1 already running for the next step
-    assert rollouts.collect(["a", "b"]).batch_id == "b1" and len(client.batches) == 3
-    assert rollouts.collect(["a"]).batch_id == "b3" and client.batches[2].cancelled  # other tasks: not used
+    assert rollouts.collect(both).batch_id == "b1" and len(client.batches) == 3
+    assert rollouts.collect(both[:1]).batch_id == "b3" and client.batches[2].cancelled  # other tasks: not used
     rollouts.stop()
     assert client.batches[-1].cancelled
+    assert client.submitted[0]["task_ids"] == both and client.submitted[-1]["task_ids"] == both[:1]

@@ -1,0 +1,63 @@
+"""`polar train` as a user types it: the whole loop on one machine (a private Redis, the reference server, a
+worker node), overlapped with a staleness bound, one line per step, steps.json, and `polar report` of the run
+drawing the reward, the importance ratio and the rows by version lag per step."""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from polar.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+STEPS = 4
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    out = tmp_path_factory.mktemp("train") / "run"
+    proc = subprocess.run([sys.executable, "-m", "polar.cli", "train", "--steps", str(STEPS), "--groups", "2",
+                           "--group-size", "4", "--lr", "0.1", "--overlap", "--max-staleness", "1", "--out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return out, proc
+
+
+def test_one_line_per_step_and_steps_json(trained):
+    out, proc = trained
+    lines = [line for line in proc.stdout.splitlines() if re.match(r"step +\d+ ", line)]
+    assert len(lines) == STEPS and "IS ratio mean" in lines[0] and "rows by lag" in lines[0]
+    steps = json.loads((out / "steps.json").read_text())
+    assert [s["step"] for s in steps] == list(range(STEPS))
+    assert [s["engine_version"] for s in steps] == [str(i + 1) for i in range(STEPS)]
+    assert abs(steps[0]["is_mean"] - 1) <= 1e-4 and steps[0]["rows_per_lag"] == {"0": 8}  # step 0: on-policy
+    # overlapped: each step's rows are at most one version behind, within max_staleness 1: nothing masked
+    assert all(set(s["rows_per_lag"]) <= {"0", "1"} and s["masked_calls"] == 0 for s in steps)
+    assert all(0 <= s["is_capped"] <= 1 and s["is_max"] >= s["is_mean"] for s in steps)
+    assert f"charts: polar report {out}" in proc.stdout
+
+
+def test_report_draws_the_run(trained):
+    out, _ = trained
+    assert main(["report", str(out)]) == 0
+    html = (out / "report.html").read_text()
+    for plot in ("reward", "is-ratio", "is-capped", "lags", "time"):
+        assert f'data-plot="{plot}"' in html
+    assert html.count("<polyline") >= 3 and "http://" not in html.replace("http://www.w3.org/2000/svg", "")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--group-size", "1"], "--group-size 1: GRPO compares samples in a group"),
+    (["--model", "/nonexistent"], "--model /nonexistent: no config.json there"),
+    (["--tasks", "/nonexistent.yaml"], "--tasks /nonexistent.yaml: not found"),
+    (["--broker", "redis://127.0.0.1:1/0"], "--broker and --engine go together"),
+    (["--max-staleness", "-1"], "--max-staleness -1: expected 0 or more"),
+])
+def test_bad_arguments_get_one_line(args, message, capsys):
+    assert main(["train", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("polar train: ") and message in err and len(err.strip().splitlines()) == 1
