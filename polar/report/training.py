@@ -68,7 +68,7 @@ def render_training(source: Path) -> str:
             "rollout": s["wait_s"], "train": s["train_s"], "sync": s["sync_s"]}) for s in steps],
             ["rollout", "train", "sync"], "s"),
     ]
-    rows = [[s["step"], s["reward_mean"], s["logprob_err"], s.get("is_mean"), s.get("is_max"),
+    rows = [[s["step"], s["reward_mean"], f"{s['logprob_err']:.1e}", s.get("is_mean"), s.get("is_max"),
              100 * s.get("is_capped", 0.0), ", ".join(f"{k}: {v:.0f}" for k, v in _lags(s).items()),
              s.get("masked_calls", 0), s["engine_version"], s["wait_s"], s["train_s"], s["sync_s"]] for s in steps]
     body = [section("summary", "Run", [summary, note("logprob err: the largest gap between the trainer's and the "
