@@ -42,7 +42,23 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--context-length", type=int, default=0, metavar="N",
                    help="prompt + output budget in tokens (default: the one the engine reports, else the model's "
                         "config.json)")
+    p.add_argument("--memory-budget", type=memory_size, default=0, metavar="SIZE",
+                   help="bytes (or 512M, 1.5G) for session histories, prompt caches and capture records together; "
+                        "past it the least recently used sessions' histories go and their next call is rendered in "
+                        "full (default: no bound but 10,000 sessions)")
     p.set_defaults(func=run)
+
+
+def memory_size(text: str) -> int:
+    """`1500000000`, `512M`, `1.5G` -> bytes (argparse type)."""
+    units = {"K": 2**10, "M": 2**20, "G": 2**30}
+    try:
+        n = float(text[:-1]) * units[text[-1].upper()] if text and text[-1].upper() in units else float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected bytes, or a number with K, M or G") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected 0 or more")
+    return int(n)
 
 
 DESCRIPTION = """Run the recording proxy: mitmproxy with Polar's addon on two listeners (127.0.0.1).
@@ -222,7 +238,7 @@ async def _serve(args: argparse.Namespace, confdir: Path) -> int:
         polar_tokenizer=args.tokenizer,
         polar_capture_dir=args.capture_dir, polar_sessions=args.sessions, polar_hosts=args.hosts,
         polar_tool_parser=args.tool_parser, polar_reasoning_parser=args.reasoning_parser,
-        polar_context_length=args.context_length,
+        polar_context_length=args.context_length, polar_memory_budget=args.memory_budget,
     )
     await master.run()
     return 0

@@ -20,6 +20,7 @@ from mitmproxy.exceptions import OptionsError
 from polar_mitm.calls import call as calls
 from polar_mitm.calls.dispatch import HISTORY_CHECKS, OFF_LOOP_BYTES, Dispatcher
 from polar_mitm.calls.relay import StreamRelay
+from polar_mitm.capture import MAX_BYTES as CAPTURE_MAX_BYTES
 from polar_mitm.capture import Capture, CaptureError
 from polar_mitm.conversation import Conversation, ProviderError
 from polar_mitm.engines.api import parse_engine
@@ -33,7 +34,8 @@ from polar_mitm.providers.responses import error_response, json_response
 from polar_mitm.sessions.cache import SessionCache
 from polar_mitm.sessions.registry import redis_url_of, watch_ended
 from polar_mitm.tokens.model import load_model
-from polar_mitm.tokens.prompt import SessionHistory
+from polar_mitm.tokens.prefix_cache import MAX_IDS
+from polar_mitm.tokens.prompt import HISTORY_BYTES_PER_ID, SessionHistory
 from polar_traj.captures import loads_line
 
 log = logging.getLogger(__name__)
@@ -74,11 +76,28 @@ def check_call_cap(session, number: int) -> None:
                                  f"call {number} is refused")
 
 
+# what the budget holds besides histories, at their fixed bounds: the shared-prefix and render caches' ids and
+# the capture writer's remembered records
+FIXED_BYTES = 2 * MAX_IDS * HISTORY_BYTES_PER_ID + CAPTURE_MAX_BYTES
+
+
+def histories_budget(budget: int) -> int:
+    """Bytes left to session histories by a polar_memory_budget (0: unbounded); ValueError when the budget does
+    not even hold the caches."""
+    if budget < 0:
+        raise ValueError(f"expected 0 (no bound) or a number of bytes, got {budget}")
+    if budget and budget <= FIXED_BYTES:
+        raise ValueError(f"{budget} bytes does not hold the prompt caches and the capture writer "
+                         f"({FIXED_BYTES / 2**20:.0f} MB at their fixed bounds): give more")
+    return budget - FIXED_BYTES if budget else 0
+
+
 class Router:
     def __init__(self, capture: Capture, fence: Fence, quotas: SessionQuotas) -> None:
         self.fence, self.quotas = fence, quotas
         self.engines = Engines()
-        self.histories: SessionCache[tuple[str, str], SessionHistory] = SessionCache(SessionHistory)
+        self.histories: SessionCache[tuple[str, str], SessionHistory] = SessionCache(SessionHistory,
+                                                                                     weigh=SessionHistory.nbytes)
         self.dispatch = Dispatcher(capture, self.engines, self.histories)
         self.relay = StreamRelay(self.dispatch)
 
@@ -108,6 +127,10 @@ class Router:
                           "Streams: seconds until the engine's first byte, and between two chunks.")
         loader.add_option("polar_session_ttl", int, 3600, "Seconds an idle session's history is kept.")
         loader.add_option("polar_max_sessions", int, 10000, "Most session histories kept (least recently used go).")
+        loader.add_option("polar_memory_budget", int, 0,
+                          "Bytes for session histories, prompt caches and the capture writer together; past it the "
+                          "least recently used sessions' histories go (their next call rendered in full, "
+                          "rendered:evicted). 0 = no bound but polar_max_sessions.")
         loader.add_option("polar_history_check", str, "sampled",
                           "Compare substituted prompts with the chat template's own rendering and flag the "
                           "difference: sampled (a session's 1st, 2nd, 4th, 8th... substituted call), all, off.")
@@ -120,7 +143,8 @@ class Router:
         for name in ("polar_backend", "polar_engine", "polar_engine_timeout", "polar_engine_first_byte_timeout",
                      "polar_engine_placement", "polar_engine_probe_interval", "polar_engine_status_interval",
                      "polar_engine_start_grace",
-                     "polar_session_ttl", "polar_max_sessions", "polar_max_tokens", "polar_engine_model"):
+                     "polar_session_ttl", "polar_max_sessions", "polar_max_tokens", "polar_engine_model",
+                     "polar_memory_budget"):
             if name in updated:
                 try:
                     self._configure_one(name, getattr(opts, name))
@@ -160,6 +184,8 @@ class Router:
         elif name == "polar_engine_status_interval":
             if value < 0:
                 raise ValueError(f"expected 0 (off) or a number of seconds, got {value}")
+        elif name == "polar_memory_budget":
+            self.histories.max_weight = histories_budget(value)
         elif name in ("polar_session_ttl", "polar_max_sessions"):
             self.histories.ttl_s, self.histories.max_entries = parse_positive(opts.polar_session_ttl), parse_positive(
                 opts.polar_max_sessions)
@@ -175,7 +201,8 @@ class Router:
         if redis_url:
             watch_ended(redis_url, self._session_ended)
         await self.engines.start(redis_url, opts.polar_session_ttl, opts.polar_engine_probe_interval,
-                                 opts.polar_engine_status_interval, self.dispatch.sessions_per_engine)
+                                 opts.polar_engine_status_interval, self.dispatch.sessions_per_engine,
+                                 self.dispatch.memory_line)
 
     def _session_ended(self, task_id: str, session_id: str) -> None:
         self.histories.drop((task_id, session_id))

@@ -210,9 +210,23 @@ class Dispatcher:
         return tuple(call.flags) + (call.parser.result().flags if call.parser else ())
 
     def _remember(self, call: calls.Call, completion) -> None:
-        history = self.histories.peek((call.session.task_id, call.session.session_id))
+        key = (call.session.task_id, call.session.session_id)
+        history = self.histories.peek(key)
         if history is not None and history.engine == call.engine:  # not a session that moved meanwhile
             history.remember(call.prompt, calls.reply_message(completion), calls.call_tokens(call, self.model.stop_ids))
+            self.histories.reweigh(key)  # past polar_memory_budget, the least recently used sessions go
+
+    def memory_line(self) -> str:
+        """What the proxy holds for its sessions and prompts, for the status log."""
+        h = self.histories
+        line = f"{len(h)} session histories, {h.weight / 2**20:.1f} MB"
+        if h.max_weight:
+            line += f" of {h.max_weight / 2**20:.0f} MB (polar_memory_budget)"
+        line += f", {h.evictions} evicted"
+        if self.model is not None:
+            prefixes, ids = self.model.renderer.prefixes.size
+            line += f"; shared-prefix cache {prefixes} prefixes, {ids} ids"
+        return line
 
     def fail(self, call: calls.Call, e: ProviderError) -> http.Response:
         """The provider's error for a call, recorded when it was an LLM call."""

@@ -197,7 +197,7 @@ class Engines:
             asyncio.get_running_loop().create_task(old.close())
 
     async def start(self, redis_url: str | None, ttl_s: int, probe_s: float, status_s: float,
-                    sessions: Callable[[], dict[str, int]]) -> None:
+                    sessions: Callable[[], dict[str, int]], memory: Callable[[], str] | None = None) -> None:
         await self.pool.probe_all()
         log.info("polar: engines (%s placement): %s", self.pool.placement, self.pool.status({}))
         if redis_url:
@@ -205,7 +205,7 @@ class Engines:
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self._probe_forever(probe_s)))
         if status_s > 0:
-            self._tasks.append(loop.create_task(self._report_forever(status_s, sessions)))
+            self._tasks.append(loop.create_task(self._report_forever(status_s, sessions, memory)))
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -222,10 +222,13 @@ class Engines:
             except Exception:  # a probe bug must not end the probing
                 log.exception("polar: engine health probe failed")
 
-    async def _report_forever(self, interval_s: float, sessions: Callable[[], dict[str, int]]) -> None:
+    async def _report_forever(self, interval_s: float, sessions: Callable[[], dict[str, int]],
+                              memory: Callable[[], str] | None) -> None:
         while True:
             await asyncio.sleep(interval_s)
             log.info("polar: engines: %s", self.pool.status(sessions()))
+            if memory is not None:
+                log.info("polar: memory: %s", memory())
 
     async def place(self, key: tuple[str, str], state: Placed, tried: frozenset[str] = frozenset()) -> Replica:
         """The replica for the session's next call: where it was placed (by this proxy or, through Redis, any

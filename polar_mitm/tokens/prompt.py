@@ -220,11 +220,16 @@ def template_difference(used: list[int], rendered: list[int]) -> int:
     return max(len(a), len(b)) - prefix - suffix
 
 
+HISTORY_BYTES_PER_ID = 36  # an id in a CallTokens tuple: an 8-byte pointer and its own 28-byte int (ids > 256)
+HISTORY_BYTES_PER_CALL = 600  # a CallTokens, its two tuples' headers, its key and dict slot
+
+
 class SessionHistory:
     """Finished calls of one session, keyed by the hash of (tools, messages + the reply they produced)."""
 
     def __init__(self, evicted: bool = False) -> None:
         self._calls: dict[bytes, CallTokens] = {}
+        self.ids_held = 0  # ids in the calls held (each once: a call keeps only the ids after its parent's)
         self.substituted = 0  # substituted prompts built so far (the template check samples the 1st, 2nd, 4th…)
         self.evicted = evicted  # an earlier history of this session was dropped to bound memory
         self.engine: str | None = None  # the replica the session is placed on (polar_mitm/engines/replicas.py)
@@ -234,10 +239,20 @@ class SessionHistory:
         """The session goes to another replica: its chain restarts there, from a prompt rendered in full, so
         no merged trajectory spans two replicas (which may serve different weight versions)."""
         self._calls.clear()
+        self.ids_held = 0
         self.engine, self.moved = url, True
 
     def remember(self, prompt: Prompt, reply: Message, call: CallTokens) -> None:
-        self._calls[_chain(prompt.hashes[-1], message_key(reply))] = call
+        key = _chain(prompt.hashes[-1], message_key(reply))
+        old = self._calls.get(key)
+        if old is not None:  # the same turn sampled again (a retry): the new call replaces it
+            self.ids_held -= len(old.new_ids) + len(old.output_ids)
+        self._calls[key] = call
+        self.ids_held += len(call.new_ids) + len(call.output_ids)
+
+    def nbytes(self) -> int:
+        """About what this history holds in memory (HISTORY_BYTES_PER_ID, measured in the tests)."""
+        return self.ids_held * HISTORY_BYTES_PER_ID + len(self._calls) * HISTORY_BYTES_PER_CALL
 
     def build_prompt(self, conv: Conversation, renderer: ChatRenderer) -> Prompt:
         hashes = conversation_hashes(conv)

@@ -59,7 +59,8 @@ def test_mitmdump_refuses_bad_options_with_their_name(tmp_path, tiny_model_dir):
     for option, needle in (("polar_engine=tgi", "polar_engine"), ("polar_backend=ftp://x", "polar_backend"),
                            ("polar_sessions=closed", "polar_sessions"), ("polar_hosts=bad host", "polar_hosts"),
                            ("polar_backend=http://127.0.0.1:1,http://127.0.0.1:1", "listed twice"),
-                           ("polar_engine_placement=random", "polar_engine_placement")):
+                           ("polar_engine_placement=random", "polar_engine_placement"),
+                           ("polar_memory_budget=10000000", "does not hold the prompt caches")):
         r = subprocess.run([mitmdump, "-s", str(ADDON), "--mode", f"regular@127.0.0.1:{free_port()}",
                             "--set", f"confdir={tmp_path}", "--set", f"polar_tokenizer={tiny_model_dir}",
                             "--set", option], capture_output=True, text=True, timeout=60)

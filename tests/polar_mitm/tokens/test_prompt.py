@@ -4,8 +4,9 @@ import pytest
 from transformers import AutoTokenizer
 
 from polar_mitm.conversation import Conversation, Message, Tool, ToolCall
-from polar_mitm.tokens.prompt import (CallTokens, ChatRenderer, SessionHistory, template_difference,
-                                     to_template_messages, to_template_tools)
+from polar_mitm.sessions.cache import SessionCache
+from polar_mitm.tokens.prompt import (HISTORY_BYTES_PER_ID, CallTokens, ChatRenderer, SessionHistory,
+                                     template_difference, to_template_messages, to_template_tools)
 
 SHELL = Tool("shell", "Run a command", {"type": "object", "properties": {"command": {"type": "string"}}})
 
@@ -180,3 +181,61 @@ def test_qwen3s_real_template_on_a_tool_turn_and_on_a_new_user_message():
     think = qwen3.encode("<think>\nI will write it.\n</think>\n\n", add_special_tokens=False)
     assert prompt.source == "substituted" and template_difference(prompt.ids, rendered) == len(think)
     assert len(prompt.ids) - len(rendered) == len(think)
+
+
+def session_turns(n: int) -> list[tuple[Conversation, Message, str]]:
+    """Session n's three calls: (request, reply, reply text), each request replaying the earlier turns."""
+    user = Message("user", f"Task {n}: create file{n}.txt with {n * 7919} in it " + "and check it " * (n % 5))
+    out, messages = [], [SYSTEM, user]
+    for turn in range(3):
+        call = ToolCall(f"call_{turn}", "shell", f'{{"command": "echo {n * turn} >> file{n}.txt"}}')
+        reply = Message("assistant", "", f"Step {turn} of task {n}.", (call,))
+        text = (f"<think>\nStep {turn} of task {n}.\n</think>\n\n<tool_call>\n{{\"name\": \"shell\", "
+                f"\"arguments\": {{\"command\": \"echo {n * turn} >> file{n}.txt\"}}}}\n</tool_call>")
+        out.append((conv(*messages), reply, text))
+        messages += [reply, Message("tool", f"ok {turn}", tool_call_id=f"call_{turn}", name="shell")]
+    return out
+
+
+def test_history_memory_is_counted_within_its_bound_and_evicted_past_the_budget(tokenizer):
+    """Three hundred sessions of three calls: what the histories really hold (tracemalloc) stays within what the
+    budget counts (nbytes: HISTORY_BYTES_PER_ID an id); under a small budget the least recently used sessions go,
+    the total stays under it, and an evicted session's next prompt is rendered in full, exactly."""
+    import gc
+    import tracemalloc
+
+    renderer = ChatRenderer(tokenizer)
+    renderer.whole, renderer.prefixes.enabled = None, False  # no prompt caches: only the histories are measured
+    histories = SessionCache(SessionHistory, weigh=SessionHistory.nbytes)
+    sessions = [session_turns(n) for n in range(300)]
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    for n, turns in enumerate(sessions):
+        for turn, (c, reply, text) in enumerate(turns):
+            history = histories.get(("t", str(n)))
+            prompt = history.build_prompt(c, renderer)
+            assert prompt.source == ("rendered:first_call" if turn == 0 else "substituted")
+            sample(history, prompt, tokenizer, reply, text, f"s{n}c{turn}")
+            histories.reweigh(("t", str(n)))
+        del prompt
+    gc.collect()
+    held = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    ids = sum(h.ids_held for h in histories.values())
+    print(f"{len(histories)} histories, {ids} ids: {held / ids:.1f} bytes an id held, counted "
+          f"{histories.weight / ids:.1f} ({HISTORY_BYTES_PER_ID} an id plus each call's own)")
+    assert ids > 300 * 3 * 50 and held <= histories.weight == sum(h.nbytes() for h in histories.values())
+
+    budget = histories.weight // 10  # about 30 sessions' worth
+    small = SessionCache(SessionHistory, weigh=SessionHistory.nbytes, max_weight=budget)
+    for n, turns in enumerate(sessions[:100]):
+        for turn, (c, reply, text) in enumerate(turns):
+            history = small.get(("t", str(n)))
+            sample(history, history.build_prompt(c, renderer), tokenizer, reply, text, f"s{n}c{turn}")
+            small.reweigh(("t", str(n)))
+            assert small.weight <= budget
+    assert small.evictions >= 60 and small.peek(("t", "0")) is None
+    c, *_ = sessions[0][2]  # session 0's third call again, its history gone
+    again = small.get(("t", "0")).build_prompt(c, renderer)
+    assert again.source == "rendered:evicted" and again.ids == full_ids(tokenizer, c)
