@@ -34,8 +34,9 @@ from polar_mitm.providers.responses import error_response, json_response
 from polar_mitm.sessions.cache import SessionCache
 from polar_mitm.sessions.registry import redis_url_of, watch_ended
 from polar_mitm.tokens.model import load_model
+from polar_mitm.tokens.prefix_cache import BYTES_PER_ID as CACHE_BYTES_PER_ID
 from polar_mitm.tokens.prefix_cache import MAX_IDS
-from polar_mitm.tokens.prompt import HISTORY_BYTES_PER_ID, SessionHistory
+from polar_mitm.tokens.prompt import SessionHistory
 from polar_traj.captures import loads_line
 
 log = logging.getLogger(__name__)
@@ -78,7 +79,7 @@ def check_call_cap(session, number: int) -> None:
 
 # what the budget holds besides histories, at their fixed bounds: the shared-prefix and render caches' ids and
 # the capture writer's remembered records
-FIXED_BYTES = 2 * MAX_IDS * HISTORY_BYTES_PER_ID + CAPTURE_MAX_BYTES
+FIXED_BYTES = 2 * MAX_IDS * CACHE_BYTES_PER_ID + CAPTURE_MAX_BYTES
 
 
 def histories_budget(budget: int) -> int:

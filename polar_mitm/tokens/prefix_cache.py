@@ -24,6 +24,7 @@ from typing import Any, Callable
 import orjson
 
 log = logging.getLogger(__name__)
+BYTES_PER_ID = 36  # an id in an entry's tuple: its pointer and its own int (tuples: a hit is a pointer copy)
 MAX_IDS = 1_000_000  # about 36 MB of ids
 MAX_ENTRIES = 256
 MIN_CHARS = 4096  # shorter prefixes cost little to tokenize: not worth an entry

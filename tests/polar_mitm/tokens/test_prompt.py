@@ -208,6 +208,7 @@ def test_history_memory_is_counted_within_its_bound_and_evicted_past_the_budget(
     renderer.whole, renderer.prefixes.enabled = None, False  # no prompt caches: only the histories are measured
     histories = SessionCache(SessionHistory, weigh=SessionHistory.nbytes)
     sessions = [session_turns(n) for n in range(300)]
+    renderer.render_full(sessions[0][0][0])  # the template compiled before counting: once a process, not a session
     gc.collect()
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]
@@ -224,7 +225,8 @@ def test_history_memory_is_counted_within_its_bound_and_evicted_past_the_budget(
     tracemalloc.stop()
     ids = sum(h.ids_held for h in histories.values())
     print(f"{len(histories)} histories, {ids} ids: {held / ids:.1f} bytes an id held, counted "
-          f"{histories.weight / ids:.1f} ({HISTORY_BYTES_PER_ID} an id plus each call's own)")
+          f"{histories.weight / ids:.1f} ({HISTORY_BYTES_PER_ID} an id plus each call's and session's own)")
+    assert HISTORY_BYTES_PER_ID == 4  # ids held as 4-byte ints: 36 as a tuple of Python ints
     assert ids > 300 * 3 * 50 and held <= histories.weight == sum(h.nbytes() for h in histories.values())
 
     budget = histories.weight // 10  # about 30 sessions' worth
