@@ -6,7 +6,8 @@ overlap-uncorrected (the same without the weights: TRL's own logprobs as the old
 (per task and mode: reward first/last steps, wall per step, trainer wait, ratio statistics; the step tables) and
 bench/train_loop.json. Not part of `make bench` (it trains for minutes).
 
-    .venv/bin/python bench/train_loop.py [--steps 15] [--tasks vowels,brevity] [--modes sync,overlap,overlap-uncorrected]
+    .venv/bin/python bench/train_loop.py [--steps 15] [--tasks vowels,brevity]
+                                         [--modes sync,overlap,overlap-uncorrected]
 """
 from __future__ import annotations
 

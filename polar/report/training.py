@@ -57,7 +57,8 @@ def render_training(source: Path) -> str:
         ["calls masked as stale", masked],
     ], "kv")
     charts = [
-        scatter("reward", "reward mean per step", {"reward": _points(steps, "reward_mean")}, "step", "reward", joined=True),
+        scatter("reward", "reward mean per step", {"reward": _points(steps, "reward_mean")}, "step", "reward",
+                joined=True),
         scatter("is-ratio", "importance ratio exp(trainer - recorded) before each update",
                 {"mean": _points(steps, "is_mean"), "max": _points(steps, "is_max")}, "step", "ratio", joined=True),
         scatter("is-capped", "share of trained tokens whose ratio was capped",

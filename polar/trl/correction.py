@@ -53,7 +53,7 @@ class CorrectionStats:
     ratios: list["torch.Tensor"] = field(default_factory=list)
     rows_per_lag: dict[int, int] = field(default_factory=dict)  # the trainer's version - a row's oldest call's
     masked_calls: int = 0  # calls older than max_staleness: not trained
-    masked_rows: int = 0  # rows with no call left to train
+    stale_rows: int = 0  # rows with no call left to train
 
     def add(self, ratio: torch.Tensor) -> None:
         if ratio.numel():

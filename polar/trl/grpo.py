@@ -67,8 +67,9 @@ class StepReport:
         lags = ",".join(f"{k}:{v}" for k, v in sorted(self.rows_per_lag.items()))
         return (f"step {self.step:3d}  reward {self.reward_mean:.3f}  logprob err {self.logprob_err:.1e}  "
                 f"IS ratio mean {self.is_mean:.3f} max {self.is_max:.2f} capped {100 * self.is_capped:.1f}%  "
-                f"rows by lag {{{lags}}} masked calls {self.masked_calls} rows {self.stale_rows}  after update mean {self.ratio_mean:.3f} "
-                f"max {self.ratio_max:.2f}  rows v{self.row_versions} -> engine v{self.engine_version}  "
+                f"rows by lag {{{lags}}} masked calls {self.masked_calls}, stale rows {self.stale_rows}  "
+                f"after update mean {self.ratio_mean:.3f} max {self.ratio_max:.2f}  "
+                f"rows v{self.row_versions} -> engine v{self.engine_version}  "
                 f"rollout {self.wait_s:.1f}s train {self.train_s:.1f}s sync {self.sync_s:.2f}s")
 
 
@@ -148,7 +149,7 @@ class PolarLoop:
         for row in step.rows:
             if not row.usable:
                 weights.append([0.0] * max(1, len(row.response_ids)))
-                self._stats.masked_rows += row.stale
+                self._stats.stale_rows += row.stale
                 continue
             mask = torch.tensor(row.loss_mask, dtype=torch.float32)
             trainer_lp, recorded = recompute(trainer.model, row), torch.tensor(row.old_logprobs)
@@ -175,8 +176,9 @@ class PolarLoop:
         report = StepReport(len(self.reports), step.batch_id, len(step.rows), step.reward_mean(), self._err, mean,
                             top, sorted(step.versions()), tis["ratio_mean"], tis["ratio_max"],
                             tis["capped_fraction"], dict(sorted(self._stats.rows_per_lag.items())),
-                            self._stats.masked_calls, self._stats.masked_rows, ",".join(sorted(set(version))), step.wait_s,
-                            wall - step.wait_s, self.sync.times.total_s, [r.trajectory_id for r in step.rows])
+                            self._stats.masked_calls, self._stats.stale_rows, ",".join(sorted(set(version))),
+                            step.wait_s, wall - step.wait_s, self.sync.times.total_s,
+                            [r.trajectory_id for r in step.rows])
         self.reports.append(report)
         self._t_step = time.monotonic()
         if self.on_step is not None:

@@ -1,9 +1,9 @@
 """Tasks the tiny random model (fixtures/tiny-qwen2) can learn on a CPU in minutes. `vowels`: ask for an answer,
 score the fraction of its characters that are vowels, over at least TARGET_CHARS characters; dense (every token
 moves it a little) and low at first (~0.25 for the untrained model), so a trainer can be seen to climb it.
-`brevity`: 1 - characters / BREVITY_CHARS (0 for no answer), so the model must learn to end its turn early (one token, where the
-vowel task moves the whole distribution). The harness is one curl call (one-call.yaml); the scorers read the
-reply it saved."""
+`brevity`: 1 - characters / BREVITY_CHARS (0 for no answer), so the model must learn to end its turn early (one
+token, where the vowel task moves the whole distribution). The harness is one curl call (one-call.yaml); the
+scorers read the reply it saved."""
 from __future__ import annotations
 
 import json
