@@ -28,6 +28,7 @@ import orjson  # noqa: E402
 
 from bench.captures import floor_bytes  # noqa: E402
 from bench.peers import MODEL, REPLY, in_namespace, machine, proc_tree_cpu_ms, reply_ids, service  # noqa: E402
+from bench.proxy import pct  # noqa: E402
 from bench.proxy_perf import CHAT, realistic_body  # noqa: E402
 from polar_mitm.cli import memory_size  # noqa: E402
 from polar_mitm.launch import free_port, proxy_process  # noqa: E402
@@ -86,11 +87,6 @@ async def one_round(url: str, sessions: list[Session], concurrency: int) -> list
 
         await asyncio.gather(*(call(s) for s in sessions))
     return latencies
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def run(args: argparse.Namespace) -> dict:

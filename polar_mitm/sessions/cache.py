@@ -73,12 +73,17 @@ class SessionCache(Generic[K, V]):
 
     def _expire(self, now: float, keep: K | None = None) -> None:
         """Least recently used first: entries past the count, idle past the TTL, or over the weight; never `keep`
-        (the entry in use: it may weigh more than the bound alone, and is then the next to go)."""
-        for key, (seen, _) in list(self._items.items()):
+        (the entry in use: it may weigh more than the bound alone, and is then the next to go). Looks only at the
+        oldest entry each time: a call costs O(1) unless something goes."""
+        while self._items:
+            key, (seen, _) = next(iter(self._items.items()))
             over = self.max_weight and self.weight > self.max_weight
             if not over and len(self._items) <= self.max_entries and now - seen <= self.ttl_s:
                 break
             if key == keep:
+                if len(self._items) == 1:
+                    break
+                self._items.move_to_end(key)  # in use: the most recent, whatever its clock says
                 continue
             del self._items[key]
             self.weight -= self._weights.pop(key, 0)
