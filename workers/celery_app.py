@@ -45,8 +45,10 @@ app.conf.update(
     broker_connection_retry_on_startup=True,
     # An unacked message goes back to its queue after this long; longer than any sample may run.
     broker_transport_options={"visibility_timeout": 6 * 3600, "queue_order_strategy": "priority"},
-    worker_send_task_events=True,
-    task_send_sent_event=True,
+    # No Celery task events: nothing of Polar reads them (its own stream is workers/events.py), and each stage
+    # paid for four. For Flower or `celery events`: `celery -A workers control enable_events`.
+    worker_send_task_events=False,
+    task_send_sent_event=False,
     # Sending the next stage rides out a Redis restart instead of failing the stage.
     task_publish_retry_policy=PUBLISH_RETRY,
 )

@@ -11,6 +11,7 @@ Layout of a batch folder:
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -115,6 +116,14 @@ def write_manifest(manifest: Manifest) -> Path:
 
 
 def read_manifest(path: str | os.PathLike) -> Manifest:
+    """The batch's manifest; parsed once per process while the file is unchanged (written once by the client, read
+    by every stage of every sample: a 1,000-sample batch's is ~100 KB, 1.7 ms to parse each time)."""
+    st = os.stat(path)
+    return _parsed_manifest(os.fspath(path), st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=16)
+def _parsed_manifest(path: str, _mtime_ns: int, _size: int) -> Manifest:
     data = json.loads(Path(path).read_text())
     samples = tuple(SampleEntry(**s) for s in data.pop("samples"))
     return Manifest(**{**data, "batch_dir": Path(data["batch_dir"]), "tasks_file": Path(data["tasks_file"]),

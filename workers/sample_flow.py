@@ -10,6 +10,7 @@ the session is unregistered; no part is ever built from an abandoned attempt. An
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -17,7 +18,8 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from types import MappingProxyType
+from typing import Any, Iterator, Mapping, Sequence
 
 from polar.run.services import ProxyHandle
 from polar_traj.captures import copy_capture
@@ -63,10 +65,9 @@ def engine_config(settings: WorkerSettings):
 def sample_config(manifest: Manifest, sample_id: str, settings: WorkerSettings, out: Path):
     from polar.harness.adapters import load_adapter
     from polar.run.sample import SampleConfig
-    from polar.tasks.spec import load_tasks
 
     entry = manifest.sample(sample_id)
-    tasks = {t.task_id: t for t in load_tasks(manifest.tasks_file, manifest.tasks_roots)}
+    tasks = tasks_by_id(manifest.tasks_file, manifest.tasks_roots)
     if entry.task_id not in tasks:
         raise ValueError(f"{manifest.tasks_file}: task {entry.task_id!r} is gone")
     task = tasks[entry.task_id]
@@ -76,6 +77,26 @@ def sample_config(manifest: Manifest, sample_id: str, settings: WorkerSettings, 
     return SampleConfig(task=task, adapter=load_adapter(adapter), out=out, sample_id=sample_id,
                         group_id=entry.group_id, runtime=settings.runtime, way_in=settings.way_in,
                         sampling=manifest.sampling, strategy=manifest.strategy)
+
+
+def tasks_by_id(tasks_file: Path, roots: Sequence[str] | None) -> Mapping[str, Any]:
+    """The batch's tasks by id: a task file is parsed once per process while it is unchanged (every prepare reads
+    it); a Harbor folder each time (its files may change under an unchanged folder)."""
+    from polar.tasks.spec import load_tasks
+
+    if tasks_file.is_dir():
+        return {t.task_id: t for t in load_tasks(tasks_file, roots)}
+    st = tasks_file.stat()
+    return _parsed_tasks(str(tasks_file), tuple(roots) if roots is not None else None,
+                         os.environ.get("POLAR_TASKS_ROOT"), st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=8)
+def _parsed_tasks(path: str, roots: tuple[str, ...] | None, _env_root: str | None, _mtime_ns: int,
+                  _size: int) -> Mapping[str, Any]:
+    from polar.tasks.spec import load_tasks
+
+    return MappingProxyType({t.task_id: t for t in load_tasks(path, roots)})
 
 
 SUPERSEDED = ("superseded by a new attempt (its worker was lost)", "worker_lost")

@@ -270,8 +270,7 @@ def chains(d: ReportData) -> str:
 
 def stages(d: ReportData) -> str:
     s = d.samples
-    timed = [(short(d, str(r.sample_id)), {k: float(v) for k, v in (r.timings or {}).items() if isinstance(v, (int, float))})
-             for r in s.itertuples()] if len(s) else []
+    timed = [(short(d, str(r.sample_id)), _wall(r.timings or {})) for r in s.itertuples()] if len(s) else []
     timed = [(k, t) for k, t in timed if t]
     if not timed:
         return section("stages", "Stage timings", [note("No stage timings: they come from the samples' result "
@@ -303,10 +302,15 @@ def samples_table(d: ReportData) -> str:
         f'<tbody>{"".join(rows)}</tbody></table>'])
 
 
+def _wall(timings: dict[str, Any]) -> dict[str, float]:
+    """The stages' wall seconds; their host CPU (`<stage>_cpu_s`) is another measure, not more time."""
+    return {k: float(v) for k, v in timings.items() if isinstance(v, (int, float)) and not k.endswith("_cpu_s")}
+
+
 def _seconds(timings: dict[str, Any]) -> float:
     if isinstance(timings.get("total_s"), (int, float)):
         return float(timings["total_s"])
-    return float(sum(v for v in timings.values() if isinstance(v, (int, float))))
+    return float(sum(_wall(timings).values()))
 
 
 def _sort_key(v: Any) -> str:

@@ -19,6 +19,7 @@ vocabulary: status completed|timeout|error, failure agent_timeout|infrastructure
 from __future__ import annotations
 
 import json
+import resource
 import shutil
 import signal
 import socket
@@ -86,7 +87,7 @@ class SampleResult:
     weight: float
     exit_code: int | None
     evaluator_output: str
-    timings: dict[str, float]  # prepare_s, run_s, evaluate_s, postrun_s
+    timings: dict[str, float]  # <stage>_s wall and <stage>_cpu_s host CPU, stage: prepare, run, evaluate, postrun
     trajectories: str | None  # this sample's Parquet file (rows carry reward/status/weight/metadata)
     capture_files: list[str]
     node: str
@@ -122,7 +123,7 @@ def prepare_sample(cfg: SampleConfig, engine: EngineConfig, proxy: ProxyHandle) 
         raise ValueError(f"sample folder {out} exists and is not empty: each sample gets a fresh one")
     for d in ("home", "workspace", "logs"):
         (out / d).mkdir(parents=True, exist_ok=True)
-    start = time.monotonic()
+    start, cpu = time.monotonic(), host_cpu_s()
     shared, temporary = shared_dir(out)
     if temporary:  # outside the sample folder: removed by cleanup_sample, or by the watchdog of a killed run
         supervisor.watch_path(shared, f"path:{shared}")
@@ -135,7 +136,7 @@ def prepare_sample(cfg: SampleConfig, engine: EngineConfig, proxy: ProxyHandle) 
         _prepare(cfg, proxy, state)
     except Exception as e:  # noqa: BLE001 - any failure here is the sample's infrastructure failing
         state.fail("prepare", f"{type(e).__name__}: {e}")
-    state.timings["prepare_s"] = round(time.monotonic() - start, 3)
+    _timed(state, "prepare", start, cpu)
     state.save()
     return out
 
@@ -194,8 +195,8 @@ def _healthy(task: TaskSpec, sandbox: Sandbox, mounts: Mounts, state: SampleStat
 def run_harness(sample_dir: Path) -> None:
     """The harness in the sample's sandbox, within the task's budget (less when the session budget is shorter)."""
     out = Path(sample_dir)
+    start, cpu = time.monotonic(), host_cpu_s()
     state = load_state(out)
-    start = time.monotonic()
     if state.outcome is None:
         budget = min(state.task.timeout_s, _session_left(state))
         assert state.harness is not None  # rendered by prepare, which set an outcome otherwise
@@ -206,7 +207,7 @@ def run_harness(sample_dir: Path) -> None:
             state.exit_code, state.timed_out = result.exit_code, result.timed_out
         except Exception as e:  # noqa: BLE001
             state.fail("harness", f"{type(e).__name__}: {e}")
-    state.timings["run_s"] = round(time.monotonic() - start, 3)
+    _timed(state, "run", start, cpu)
     state.save()
 
 
@@ -220,20 +221,21 @@ def evaluate_sample(sample_dir: Path) -> None:
     task's tests. Never raises: what goes wrong here that the workspace did not cause is the sample's
     infrastructure failing."""
     out = Path(sample_dir)
-    cleanup_sample(out, disks=False)
+    start, cpu = time.monotonic(), host_cpu_s()
     state = load_state(out)
+    _cleanup(state, disks=False)
     if state.task.artifacts:
         state.artifacts = keep_artifacts(out / "workspace", state.task.artifacts, out / "artifacts")
-    start = time.monotonic()
     if state.outcome is None and not state.timed_out:
         try:
             with occupying():
                 _verify(state, out)
         except Exception as e:  # noqa: BLE001 - Polar's or the machine's failure, never a reward
             state.fail("evaluator", f"{type(e).__name__}: {e}")
-    state.timings["evaluate_s"] = round(time.monotonic() - start, 3)
+    state.save()  # the verdict is on disk before the cleanup, which may fail
+    _cleanup(state)  # the verifier's sandbox too, whatever happened
+    _timed(state, "evaluate", start, cpu)
     state.save()
-    cleanup_sample(out)  # the verifier's sandbox too, whatever happened
 
 
 def _verify(state: SampleState, out: Path) -> None:
@@ -271,9 +273,9 @@ def _verify(state: SampleState, out: Path) -> None:
 def postrun_sample(sample_dir: Path) -> SampleResult:
     """Trajectories with the outcome, the session ended, the sandbox stopped; result.json. Idempotent cleanup."""
     out = Path(sample_dir)
-    start = time.monotonic()
-    cleanup_sample(out)
+    start, cpu = time.monotonic(), host_cpu_s()
     state = load_state(out)
+    _cleanup(state)
     files = _captures(state)
     status, failure, reason, reward = _outcome(state, files)
     entry = {"session_id": state.sample_id, "status": status, "failure": failure, "reason": reason,
@@ -289,7 +291,7 @@ def postrun_sample(sample_dir: Path) -> SampleResult:
 
     resolved = resolve(parse_entry({k: v for k, v in entry.items() if k != "metadata"} | {
         "status": status, "failure": failure}))
-    state.timings["postrun_s"] = round(time.monotonic() - start, 3)
+    _timed(state, "postrun", start, cpu)
     evaluation = state.evaluation or {}
     result = SampleResult(
         state.sample_id, state.task.task_id, state.group_id, state.adapter, resolved.status,
@@ -341,6 +343,11 @@ def cleanup_sample(sample_dir: Path, disks: bool = True) -> None:
     """End the session, stop the sandboxes and (`disks`) unmount the sample's disks; safe to call more than once and
     on any stage's failure."""
     state = load_state(Path(sample_dir))
+    _cleanup(state, disks)
+    state.save()
+
+
+def _cleanup(state: SampleState, disks: bool = True) -> None:
     done, sessions = state.cleaned, state.proxy.sessions
     if state.session and sessions != "open" and not done.get("session"):
         try:
@@ -368,7 +375,18 @@ def cleanup_sample(sample_dir: Path, disks: bool = True) -> None:
         except Exception as e:  # noqa: BLE001
             state.cleanup_errors.append(f"unmount disks: {e}")
         done["disks"] = True
-    state.save()
+
+
+def host_cpu_s() -> float:
+    """CPU seconds of this process and of the children it has waited for (sandboxes, harness, evaluator)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def _timed(state: SampleState, stage: str, start: float, cpu: float) -> None:
+    """The stage's wall time (`<stage>_s`) and host CPU (`<stage>_cpu_s`) in the sample's timings."""
+    state.timings[f"{stage}_s"] = round(time.monotonic() - start, 3)
+    state.timings[f"{stage}_cpu_s"] = round(host_cpu_s() - cpu, 3)
 
 
 def _outcome(state: SampleState, files: list[Path]) -> tuple[str, str | None, str | None, float | None]:

@@ -5,108 +5,168 @@ socket file and connects each client to the proxy's TCP port. Inside, `python -m
 127.0.0.1:PORT (the same port numbers, so URLs read the same), connects each client to the socket file, and
 runs the harness command once its listeners are up; it exits with the harness's status.
 
-Each forwarder serves all its connections on one asyncio loop in one thread, at most `limit` at once: the agent
+Each forwarder serves all its connections on one selector in one thread, at most `limit` at once: the agent
 opening thousands of connections costs the worker no thread and no more than `limit` upstream connections; one
 beyond the limit is accepted and closed at once (refused, never queued). Stdlib only: the sandbox's python3 runs
 this file as a script.
 """
 from __future__ import annotations
 
-import argparse
-import asyncio
 import os
+import selectors
 import signal
 import socket
 import subprocess
 import sys
 import threading
 from pathlib import Path
-from typing import Awaitable, Callable
+from typing import Callable
 
 BUFFER = 65536
 BACKLOG = 128
 # Concurrent connections per forwarder (one per sandbox and proxy listener). A harness uses a handful; the cap
 # keeps a runaway agent from holding the proxy's or the worker's sockets for its siblings.
 MAX_CONNECTIONS = 64
-Streams = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+CONNECT_TIMEOUT_S = 10.0
+READ, WRITE = selectors.EVENT_READ, selectors.EVENT_WRITE
 
 
-async def _pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
-    while data := await src.read(BUFFER):
-        dst.write(data)
-        await dst.drain()
-    if dst.can_write_eof():
-        dst.write_eof()  # half-close: the other direction may still be answering
+class _Link:
+    """One spliced connection: bytes both ways, a half-close passed on once what was read before it is written,
+    no more than BUFFER bytes held per direction (a side is not read while the other has not taken its bytes)."""
+
+    def __init__(self, forwarder: _Forwarder, a: socket.socket, b: socket.socket) -> None:
+        self.forwarder, self.socks = forwarder, (a, b)
+        self.pending = {a: b"", b: b""}  # bytes waiting to be written to this socket
+        self.ended = {a: False, b: False}  # this socket said EOF
+        self.shut = {a: False, b: False}  # its EOF was passed on: writing to this socket is shut
+        self.masks = {a: 0, b: 0}
+        for sock in self.socks:
+            sock.setblocking(False)
+        self._watch()
+
+    def other(self, sock: socket.socket) -> socket.socket:
+        return self.socks[1] if sock is self.socks[0] else self.socks[0]
+
+    def on_event(self, sock: socket.socket, mask: int) -> None:
+        try:
+            if mask & WRITE:
+                self._flush(sock)
+            if mask & READ:
+                data = sock.recv(BUFFER)
+                if data:
+                    self.pending[self.other(sock)] += data
+                else:
+                    self.ended[sock] = True
+                self._flush(self.other(sock))
+        except (BlockingIOError, InterruptedError):
+            pass
+        except OSError:  # one side reset: end both
+            return self.close()
+        if all(self.shut.values()):
+            return self.close()
+        self._watch()
+
+    def _flush(self, dst: socket.socket) -> None:
+        if self.pending[dst]:
+            sent = dst.send(self.pending[dst])
+            self.pending[dst] = self.pending[dst][sent:]
+        if not self.pending[dst] and self.ended[self.other(dst)] and not self.shut[dst]:
+            self.shut[dst] = True
+            dst.shutdown(socket.SHUT_WR)  # half-close: the other direction may still be answering
+
+    def _watch(self) -> None:
+        sel = self.forwarder.selector
+        for sock in self.socks:
+            mask = (READ if not self.ended[sock] and not self.pending[self.other(sock)] else 0) | (
+                WRITE if self.pending[sock] else 0)
+            if mask != self.masks[sock]:
+                if not self.masks[sock]:
+                    sel.register(sock, mask, self.on_event)
+                elif mask:
+                    sel.modify(sock, mask, self.on_event)
+                else:
+                    sel.unregister(sock)
+                self.masks[sock] = mask
+
+    def close(self) -> None:
+        for sock in self.socks:
+            if self.masks[sock]:
+                self.forwarder.selector.unregister(sock)
+                self.masks[sock] = 0
+            sock.close()
+        if self in self.forwarder.links:
+            self.forwarder.links.discard(self)
+            self.forwarder.active -= 1
 
 
 class _Forwarder:
-    """Accepts on `listener`, splices every client to a fresh `connect()`, at most `limit` at once."""
+    """Accepts on `listener`, splices every client to a fresh `connect()`, at most `limit` at once, all on one
+    thread with one selector. No asyncio: inside the sandbox its import was most of this script's start-up cost,
+    paid once per harness run."""
 
-    def __init__(self, listener: socket.socket, connect: Callable[[], Awaitable[Streams]],
+    def __init__(self, listener: socket.socket, connect: Callable[[], socket.socket],
                  limit: int = MAX_CONNECTIONS) -> None:
         self.listener, self.connect, self.limit = listener, connect, limit
         self.active = self.refused = 0
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._stop = asyncio.Event()  # bound to the loop on first use, in the loop's thread
-        self._loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self._loop.run_until_complete, args=(self._serve(),), daemon=True)
+        self.links: set[_Link] = set()
+        self.selector = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._stopping = False
+        listener.setblocking(False)
+        self.selector.register(listener, READ, self._accept)
+        self.selector.register(self._wake_r, READ, None)
+        self.thread = threading.Thread(target=self._serve, daemon=True)
         self.thread.start()
 
-    async def _serve(self) -> None:
-        if self.listener.family == socket.AF_UNIX:
-            server = await asyncio.start_unix_server(self._client, sock=self.listener, backlog=BACKLOG)
-        else:
-            server = await asyncio.start_server(self._client, sock=self.listener, backlog=BACKLOG)
-        await self._stop.wait()
-        server.close()
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        await asyncio.sleep(0)  # the transports' sockets close on the next turn
+    def _serve(self) -> None:
+        while not self._stopping:
+            for key, mask in self.selector.select():
+                if key.data is not None:
+                    key.data(key.fileobj, mask)
+        for link in list(self.links):
+            link.close()
+        self.selector.close()
+        self._wake_r.close()
 
-    async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def _accept(self, listener: socket.socket, _mask: int) -> None:
+        try:
+            client, _ = listener.accept()
+        except OSError:
+            return
         if self.active >= self.limit:
             self.refused += 1
-            writer.transport.abort()
+            client.close()  # refused at once, never queued
+            return
+        try:
+            upstream = self.connect()
+        except OSError:
+            client.close()
             return
         self.active += 1
-        task = asyncio.current_task()
-        assert task is not None
-        self._tasks.add(task)
-        try:
-            await self._splice(reader, writer)
-        finally:
-            self.active -= 1
-            self._tasks.discard(task)
-
-    async def _splice(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            up_reader, up_writer = await self.connect()
-        except OSError:
-            writer.transport.abort()
-            return
-        pipes = [asyncio.ensure_future(_pipe(reader, up_writer)), asyncio.ensure_future(_pipe(up_reader, writer))]
-        try:
-            await asyncio.gather(*pipes)
-        except OSError:
-            pass  # one side reset: end both
-        finally:
-            for p in pipes:
-                p.cancel()
-            await asyncio.gather(*pipes, return_exceptions=True)
-            writer.close()  # after what is still buffered
-            up_writer.close()
+        self.links.add(_Link(self, client, upstream))
 
     def close(self) -> None:
         """Stop accepting and end every open connection."""
+        self._stopping = True
         try:
-            self._loop.call_soon_threadsafe(self._stop.set)
-        except RuntimeError:
-            pass  # the loop already ended
+            self._wake_w.send(b"x")
+        except OSError:
+            pass
         self.thread.join(10)
-        if not self.thread.is_alive():
-            self._loop.close()
+        self._wake_w.close()
         self.listener.close()
+
+
+def _connected(family: int, address: str | tuple[str, int]) -> socket.socket:
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.settimeout(CONNECT_TIMEOUT_S)
+    try:
+        sock.connect(address)
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 class UnixToTcp(_Forwarder):
@@ -119,34 +179,52 @@ class UnixToTcp(_Forwarder):
         os.chmod(path, 0o666)  # a rootless sandbox user may map to another uid
         listener.listen(BACKLOG)
         self.path = path
-        super().__init__(listener, lambda: asyncio.open_connection(host, port), limit)
+        super().__init__(listener, lambda: _connected(socket.AF_INET, (host, port)), limit)
 
 
 def tcp_to_unix(host: str, port: int, path: str, limit: int = MAX_CONNECTIONS) -> _Forwarder:
     """Inside the sandbox: host:port -> socket file."""
     listener = socket.create_server((host, port), backlog=BACKLOG)
-    return _Forwarder(listener, lambda: asyncio.open_unix_connection(path), limit)
+    return _Forwarder(listener, lambda: _connected(socket.AF_UNIX, path), limit)
 
 
 def parse_forward(spec: str) -> tuple[int, str]:
     """`PORT=/path/to/socket`."""
     port, sep, path = spec.partition("=")
     if not sep or not port.isdigit() or not path:
-        raise argparse.ArgumentTypeError(f"expected PORT=/path/to/socket, got {spec!r}")
+        raise ValueError(f"expected PORT=/path/to/socket, got {spec!r}")
     return int(port), path
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m polar.sandbox.bridge", description=__doc__)
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--forward", action="append", type=parse_forward, default=[], help="PORT=/path/to/socket")
-    p.add_argument("command", nargs=argparse.REMAINDER, help="-- the command to run")
-    args = p.parse_args(argv)
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+USAGE = "usage: bridge.py [--host HOST] [--forward PORT=/path/to/socket ...] -- COMMAND ..."
+
+
+def parse_args(argv: list[str]) -> tuple[str, list[tuple[int, str]], list[str]]:
+    """(host, forwards, command); ValueError for anything else (no argparse: its import is start-up time)."""
+    host, forwards, rest = "127.0.0.1", [], list(argv)
+    while rest and rest[0] != "--":
+        flag = rest.pop(0)
+        if flag not in ("--host", "--forward") or not rest:
+            raise ValueError(f"unexpected {flag!r}")
+        value = rest.pop(0)
+        if flag == "--host":
+            host = value
+        else:
+            forwards.append(parse_forward(value))
+    command = rest[1:]
     if not command:
-        p.error("no command given")
-    for port, path in args.forward:
-        tcp_to_unix(args.host, port, path)
+        raise ValueError("no command given")
+    return host, forwards, command
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        host, forwards, command = parse_args(sys.argv[1:] if argv is None else argv)
+    except ValueError as e:
+        print(f"{USAGE}\npolar bridge: {e}", file=sys.stderr)
+        return 2
+    for port, path in forwards:
+        tcp_to_unix(host, port, path)
     try:
         proc = subprocess.Popen(command)
     except OSError as e:

@@ -224,7 +224,8 @@ class LocalSandbox(_HostSandbox):
         ns = ["unshare", "--net", "--pid", "--fork", "--kill-child"]
         if os.geteuid() != 0:
             ns.insert(1, "--map-root-user")
-        inner = ["sh", "-c", '"$0" link set lo up && exec "$@"', self.ip, *bridged(argv, forwards)]
+        inner = ["sh", "-c", '"$0" link set lo up && exec "$@"', self.ip,
+                 *(bridged(argv, forwards) if forwards else argv)]
         return run_group(ns + inner, env, cwd, timeout_s, stdout, stderr, self.limits)
 
 
@@ -360,7 +361,8 @@ class BwrapSandbox(_HostSandbox):
 
     def exec(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path, timeout_s: float,
              stdout: Path, stderr: Path, forwards: Sequence[tuple[int, Path]] = ()) -> ExecResult:
-        inner = bridged(argv, forwards, self.python, BRIDGE_IN_SANDBOX)
+        # the forwarder only when there is something to forward: its python start costs ~80 ms of CPU (asyncio)
+        inner = bridged(argv, forwards, self.python, BRIDGE_IN_SANDBOX) if forwards else list(argv)
         fd = seccomp.program_fd()  # polar/sandbox/seccomp.py: loaded by bwrap just before the command runs
         try:
             cmd = self.command(cwd)

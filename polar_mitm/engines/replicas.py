@@ -1,13 +1,14 @@
 """Many inference engines: session-affine placement across replicas, health probes and failover.
 
-A session's next prompt extends its previous one, so keeping the session on one replica turns its history into
-a prefix-cache hit there. Each new session goes to the least-loaded replica that is up (fewest calls in flight
-from this proxy, then fewest sessions placed) and stays there. A replica that stops answering (connection
-refused, the engine timeout, failed health probes) is marked down; its sessions move on their next call when another
-replica is up (when none is, they stay: a move would only break their chains), and a replica that answers its
-probe (or a call) again takes new sessions. A replica that has never answered is not marked down by its probes
-during a start-up grace period (the proxy may start a moment before its engines). With sessions in Redis the placement is shared, so
-every proxy sends a session to the same replica (`polar:engine:<task_id>/<session_id>`).
+A session's next prompt extends its previous one, so keeping the session on one replica turns its history into a
+prefix-cache hit there. Each new session goes to the least-loaded replica that is up (fewest calls in flight from
+this proxy, then fewest sessions placed) and stays there. A replica that stops answering (connection refused, the
+engine timeout, failed health probes while none of its calls was answered for SERVING_S) is marked down; its
+sessions move on their next call when another replica is up (when none is, they stay: a move would only break their
+chains), and a replica that answers its probe (or a call) again takes new sessions. A replica that has never
+answered is not marked down by its probes during a start-up grace period (the proxy may start a moment before its
+engines). With sessions in Redis the placement is shared, so every proxy sends a session to the same replica
+(`polar:engine:<task_id>/<session_id>`).
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ log = logging.getLogger(__name__)
 PROBE_TIMEOUT_S = 5.0
 PROBE_MISSES = 2  # a probe that times out or answers non-200 this many times in a row marks the replica down
 START_GRACE_S = 30.0  # probes of a replica that never answered do not mark it down this long after the start
+SERVING_S = 10.0  # a replica that answered a call this recently is up whatever its health probe answers
 
 
 @dataclass
@@ -40,6 +42,7 @@ class Replica:
     served: int = 0  # calls answered there
     misses: int = 0  # consecutive failed probes
     seen: bool = False  # it answered a probe or a call at least once
+    answered_at: float = float("-inf")  # time.monotonic() of its last answered call
     waiting: str = ""  # why its probes fail while it is still counted as up (the start-up grace)
 
     @property
@@ -88,6 +91,7 @@ class EnginePool:
     def answered(self, replica: Replica) -> None:
         """A call was served there: it is up, whatever its last probe said."""
         replica.served += 1
+        replica.answered_at, replica.misses = time.monotonic(), 0
         if not replica.up or not replica.seen:
             self.mark_up(replica)
 
@@ -98,6 +102,8 @@ class EnginePool:
         if not replica.seen and time.monotonic() < self.grace_until:
             replica.waiting = why  # still starting, perhaps: a call that fails there marks it down (fail_over)
             return
+        if not at_once and time.monotonic() - replica.answered_at < SERVING_S:
+            return  # its calls are answered (a health check that says 503 while weights load, say): the calls win
         replica.misses += 1
         if at_once or replica.misses >= PROBE_MISSES:
             self.mark_down(replica, why)

@@ -201,7 +201,9 @@ def test_stages_run_in_separate_processes(tmp_path, long_model) -> None:
     result = SampleResult.from_dict(json.loads((folder / "result.json").read_text()))
     assert (result.status, result.failure, result.weight) == ("error", "infrastructure", 0.0)
     assert result.reason == f"prepare: SandboxError: apptainer runtime: image {tmp_path / 'gone.sif'} not found"
-    assert set(result.timings) == {"prepare_s", "run_s", "evaluate_s", "postrun_s"}
+    stages = ("prepare", "run", "evaluate", "postrun")  # each stage's wall time and host CPU
+    assert set(result.timings) == {f"{stage}{unit}" for stage in stages for unit in ("_s", "_cpu_s")}
+    assert all(v >= 0 for v in result.timings.values())
 
 
 def instances() -> str:
