@@ -33,6 +33,13 @@ NOTES = {
                   "(tiny and realistic 75 KB bodies, a 100-turn session, streaming, 1/2/4 proxy processes, a real "
                   "pi session's capture), zero-compute stub engine (bench/proxy_perf.py); the last row is "
                   "bench/traj.py's, from the same run.",
+    "rollout": "Rollout service throughput (real `celery -A workers worker` nodes, Redis, the reference server, Pi "
+               "in bubblewrap) and the service's own cost per sample: a zero-work batch (one curl call per sample, "
+               "evaluator `true`, bubblewrap, 2 nodes x 2 run slots, a zero-compute stub engine), host CPU-s per "
+               "sample machine-wide (/proc/stat), per stage and per process kind (bench/rollout.py). Before issue "
+               "47's item 0 (commit 0ef23a3, this machine, 2026-12-04, 1,000 samples): 205 s, 293 samples/min, "
+               "0.391 CPU-s per sample, stages prepare 0.023 / run 0.013 / evaluate 0.054 / postrun 0.005 CPU-s "
+               "(0.064 / 0.310 / 0.332 / 0.010 s wall), worker node processes 0.147, proxies 0.017, Redis 0.005.",
     "traj": "Trajectory build from captures: `before` is polar_traj as of the baseline commit, `f1` this "
             "checkout on the same format-1 files, `linear` this checkout on the same sessions in the linear "
             "form (bench/traj.py).",

@@ -7,6 +7,7 @@ streams the engine's tokens back as the provider's SSE. Both hand the call's eng
 retry, record) to one Dispatcher (polar_mitm/calls/dispatch.py). Either way every call ends in a CallRecord."""
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
@@ -101,6 +102,7 @@ class Router:
                                                                                      weigh=SessionHistory.nbytes)
         self.dispatch = Dispatcher(capture, self.engines, self.histories)
         self.relay = StreamRelay(self.dispatch)
+        self._ended_watch: asyncio.Task[None] | None = None
 
     def load(self, loader) -> None:
         loader.add_option("polar_backend", str, "http://127.0.0.1:30000",
@@ -199,8 +201,9 @@ class Router:
         await self.relay.start()
         opts = ctx.options
         redis_url = redis_url_of(opts.polar_sessions)
-        if redis_url:
-            watch_ended(redis_url, self._session_ended)
+        if redis_url:  # held: the loop keeps only a weak reference to a task, and a collected one is gone (with an
+            # error logged, which during start-up makes mitmdump exit)
+            self._ended_watch = watch_ended(redis_url, self._session_ended)
         await self.engines.start(redis_url, opts.polar_session_ttl, opts.polar_engine_probe_interval,
                                  opts.polar_engine_status_interval, self.dispatch.sessions_per_engine,
                                  self.dispatch.memory_line)
@@ -210,6 +213,8 @@ class Router:
         self.dispatch.capture.forget(task_id, session_id)
 
     async def done(self) -> None:
+        if self._ended_watch is not None:
+            self._ended_watch.cancel()
         await self.relay.stop()
         await self.engines.stop()
         self.dispatch.close()
