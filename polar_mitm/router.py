@@ -201,8 +201,9 @@ class Router:
         await self.relay.start()
         opts = ctx.options
         redis_url = redis_url_of(opts.polar_sessions)
-        if redis_url:  # held: the loop keeps only a weak reference to a task, and a collected one is gone (with an
-            # error logged, which during start-up makes mitmdump exit)
+        if redis_url:
+            # held: the loop keeps tasks only weakly; a collected one is gone, and the error it logs during start-up
+            # makes mitmdump exit
             self._ended_watch = watch_ended(redis_url, self._session_ended)
         await self.engines.start(redis_url, opts.polar_session_ttl, opts.polar_engine_probe_interval,
                                  opts.polar_engine_status_interval, self.dispatch.sessions_per_engine,

@@ -158,11 +158,11 @@ class _Forwarder:
         self.listener.close()
 
 
-def _connected(family: int, address: str | tuple[str, int]) -> socket.socket:
-    sock = socket.socket(family, socket.SOCK_STREAM)
+def _unix_connected(path: str) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(CONNECT_TIMEOUT_S)
     try:
-        sock.connect(address)
+        sock.connect(path)
     except OSError:
         sock.close()
         raise
@@ -179,13 +179,13 @@ class UnixToTcp(_Forwarder):
         os.chmod(path, 0o666)  # a rootless sandbox user may map to another uid
         listener.listen(BACKLOG)
         self.path = path
-        super().__init__(listener, lambda: _connected(socket.AF_INET, (host, port)), limit)
+        super().__init__(listener, lambda: socket.create_connection((host, port), CONNECT_TIMEOUT_S), limit)
 
 
 def tcp_to_unix(host: str, port: int, path: str, limit: int = MAX_CONNECTIONS) -> _Forwarder:
     """Inside the sandbox: host:port -> socket file."""
     listener = socket.create_server((host, port), backlog=BACKLOG)
-    return _Forwarder(listener, lambda: _connected(socket.AF_UNIX, path), limit)
+    return _Forwarder(listener, lambda: _unix_connected(path), limit)
 
 
 def parse_forward(spec: str) -> tuple[int, str]:

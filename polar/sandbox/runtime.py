@@ -361,7 +361,7 @@ class BwrapSandbox(_HostSandbox):
 
     def exec(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path, timeout_s: float,
              stdout: Path, stderr: Path, forwards: Sequence[tuple[int, Path]] = ()) -> ExecResult:
-        # the forwarder only when there is something to forward: its python start costs ~80 ms of CPU (asyncio)
+        # the forwarder only when there is something to forward: its python start costs ~40 ms of CPU
         inner = bridged(argv, forwards, self.python, BRIDGE_IN_SANDBOX) if forwards else list(argv)
         fd = seccomp.program_fd()  # polar/sandbox/seccomp.py: loaded by bwrap just before the command runs
         try:
