@@ -200,7 +200,8 @@ class Engines:
                   grace_s: float = START_GRACE_S) -> None:
         old, self.pool = self.pool, EnginePool(urls, timeouts, placement, grace_s)
         if any(r.client.opened for r in old.replicas):  # a reconfigure while running: free the old pool
-            asyncio.get_running_loop().create_task(old.close())
+            closing = asyncio.get_running_loop().create_task(old.close())
+            self._tasks.append(closing)  # held until stop(): the loop keeps tasks only weakly
 
     async def start(self, redis_url: str | None, ttl_s: int, probe_s: float, status_s: float,
                     sessions: Callable[[], dict[str, int]], memory: Callable[[], str] | None = None) -> None:
