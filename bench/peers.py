@@ -157,6 +157,14 @@ def service(cmd: list[str], port: int, log: Path, env: dict | None = None, timeo
         stop(proc)
 
 
+def stub_command(port: int, token_delay_ms: float = 0.0, ids: list[int] | None = None) -> list[str]:
+    """bench/stub_engine.py on 127.0.0.1:`port`, answering REPLY (`ids`: its token ids), each streamed token
+    `token_delay_ms` after the last."""
+    ids = reply_ids() if ids is None else ids
+    return [sys.executable, str(ROOT / "bench" / "stub_engine.py"), "--port", str(port), "--reply-ids",
+            ",".join(map(str, ids)), "--reply-text", REPLY, "--token-delay-ms", f"{token_delay_ms:g}"]
+
+
 def reply_ids() -> list[int]:
     from tokenizers import Tokenizer
 
@@ -193,9 +201,8 @@ def run(sizes: dict) -> dict:
         tmp = Path(tmp_s)
         ids = reply_ids()
         stub_port = free_port()
-        stub_cmd = [sys.executable, str(ROOT / "bench" / "stub_engine.py"), "--port", str(stub_port),
-                    "--reply-ids", ",".join(map(str, ids)), "--reply-text", REPLY, "--token-delay-ms", str(TOKEN_DELAY_MS)]
-        stub_pid = stack.enter_context(service(stub_cmd, stub_port, tmp / "stub.log"))
+        stub_pid = stack.enter_context(service(stub_command(stub_port, TOKEN_DELAY_MS, ids), stub_port,
+                                               tmp / "stub.log"))
         engine = f"http://127.0.0.1:{stub_port}"
         print(f"peers: stub engine {engine}, {len(ids)} reply tokens, streamed at {TOKEN_DELAY_MS:g} ms/token", flush=True)
         results["rows"].append(measure("direct", engine + chat, stub_pid, sizes))

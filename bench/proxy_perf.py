@@ -39,7 +39,7 @@ import aiohttp  # noqa: E402
 from bench.captures import floor_bytes  # noqa: E402
 from bench.peers import (LITELLM, MODEL, REPLY, STREAM_TOKENS, TOKEN_DELAY_MS, litellm_version,  # noqa: E402
                          chat_body, closed_loop, first_token_ms, in_namespace, litellm_service, machine, measure,
-                         proc_tree_cpu_ms, reply_ids, service)
+                         proc_tree_cpu_ms, service, stub_command)
 from polar_mitm.launch import free_port, proxy_process  # noqa: E402
 from polar_mitm.sessions.registry import hashed_id  # noqa: E402
 from polar_traj.capture_reader import read_capture  # noqa: E402
@@ -154,10 +154,7 @@ def run(sizes: dict) -> dict:
     with tempfile.TemporaryDirectory(prefix="polar-perf-") as tmp_s, ExitStack() as stack:
         tmp = Path(tmp_s)
         stub_port = free_port()
-        stub_cmd = [sys.executable, str(ROOT / "bench" / "stub_engine.py"), "--port", str(stub_port),
-                    "--reply-ids", ",".join(map(str, reply_ids())), "--reply-text", REPLY,
-                    "--token-delay-ms", str(TOKEN_DELAY_MS)]
-        stack.enter_context(service(stub_cmd, stub_port, tmp / "stub.log"))
+        stack.enter_context(service(stub_command(stub_port, TOKEN_DELAY_MS), stub_port, tmp / "stub.log"))
         engine = f"http://127.0.0.1:{stub_port}"
         stream_body = chat_body(True, STREAM_TOKENS)
         res["ttft_ms"]["direct"] = asyncio.run(first_token_ms(engine + CHAT, stream_body, sizes["ttft"]))

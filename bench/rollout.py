@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 import yaml  # noqa: E402
 
-from bench.peers import REPLY, in_namespace, reply_ids, service  # noqa: E402
+from bench.peers import in_namespace, service, stub_command  # noqa: E402
 from workers.client import PolarClient  # noqa: E402
 from polar.run.services import context_view  # noqa: E402
 from polar_mitm.launch import free_port  # noqa: E402
@@ -146,9 +146,7 @@ def zero_work(samples: int, tmp: Path) -> dict:
     adapter.write_text(yaml.safe_dump(ONE_CALL))
     model = ROOT / "fixtures" / "tiny-qwen2"
     port = free_port()
-    stub = [sys.executable, str(ROOT / "bench" / "stub_engine.py"), "--port", str(port),
-            "--reply-ids", ",".join(map(str, reply_ids())), "--reply-text", REPLY, "--token-delay-ms", "0"]
-    with redis_server(root) as url, service(stub, port, root / "stub.log"):
+    with redis_server(root) as url, service(stub_command(port), port, root / "stub.log"):
         broker, engine = url.rsplit("/", 1)[0] + "/1", f"http://127.0.0.1:{port}"
         nodes = [start_node(node_env(broker, url.rsplit("/", 1)[0] + "/0", engine, model, root, f"zero{k}",
                                      POLAR_STATUS_S="0"), concurrency=2) for k in (1, 2)]

@@ -27,7 +27,7 @@ import aiohttp  # noqa: E402
 import orjson  # noqa: E402
 
 from bench.captures import floor_bytes  # noqa: E402
-from bench.peers import MODEL, REPLY, in_namespace, machine, proc_tree_cpu_ms, reply_ids, service  # noqa: E402
+from bench.peers import MODEL, REPLY, in_namespace, machine, proc_tree_cpu_ms, service, stub_command  # noqa: E402
 from bench.proxy import pct  # noqa: E402
 from bench.proxy_perf import CHAT, realistic_body  # noqa: E402
 from polar_mitm.cli import memory_size  # noqa: E402
@@ -98,9 +98,7 @@ def run(args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory(prefix="polar-sessions-") as tmp_s:
         tmp = Path(tmp_s)
         stub_port = free_port()
-        stub_cmd = [sys.executable, str(ROOT / "bench" / "stub_engine.py"), "--port", str(stub_port),
-                    "--reply-ids", ",".join(map(str, reply_ids())), "--reply-text", REPLY, "--token-delay-ms", "0"]
-        with service(stub_cmd, stub_port, tmp / "stub.log"):
+        with service(stub_command(stub_port), stub_port, tmp / "stub.log"):
             engine = f"http://127.0.0.1:{stub_port}"
             bare_port = free_port()
             bare_cmd = [str(Path(sys.executable).parent / "mitmdump"), "-q", "--mode",
