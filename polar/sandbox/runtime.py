@@ -26,10 +26,11 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Protocol, Sequence
+from typing import Callable, Mapping, Protocol, Sequence
 
 from polar.sandbox import bridge, seccomp, supervisor
 from polar.sandbox.capture import CappedCopy
@@ -153,17 +154,22 @@ def run_group(cmd: Sequence[str], env: Mapping[str, str], cwd: Path, timeout_s: 
     watches = [supervisor.watch_cgroup(cgroup.dirs)] if cgroup else []
     try:
         files = [open(stdout, "wb"), open(stderr, "wb")]
+        # A revoke's SIGTERM that lands between the fork and the watch would leave the group running unwatched:
+        # it waits until the group is watched, then is delivered where the group gets killed.
+        resume_sigterm = _hold_sigterm()
         try:
             proc = subprocess.Popen(cmd, env=dict(env), cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, start_new_session=True, pass_fds=tuple(pass_fds))
         except BaseException:
             for f in files:
                 f.close()
+            resume_sigterm()
             raise
         watches.append(supervisor.watch_group(proc.pid))
         copies = [CappedCopy(proc.stdout, files[0]), CappedCopy(proc.stderr, files[1])]
         timed_out = False
         try:
+            resume_sigterm()
             code = proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
             timed_out = True
@@ -180,6 +186,23 @@ def run_group(cmd: Sequence[str], env: Mapping[str, str], cwd: Path, timeout_s: 
         for copy in copies:
             copy.wait()
     return ExecResult(code, timed_out, round(time.monotonic() - start, 3), reaped)
+
+
+def _hold_sigterm() -> Callable[[], None]:
+    """Hold SIGTERM (only where a Python handler takes it, in the main thread) until the returned function runs;
+    a SIGTERM that came meanwhile is raised again there, under the restored handler. (A blocked signal mask
+    would be inherited by the child, so the handler is swapped instead.)"""
+    previous = signal.getsignal(signal.SIGTERM)
+    if not callable(previous) or threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    held: list[int] = []
+    signal.signal(signal.SIGTERM, lambda signum, frame: held.append(signum))
+
+    def resume() -> None:
+        signal.signal(signal.SIGTERM, previous)
+        if held:
+            signal.raise_signal(signal.SIGTERM)
+    return resume
 
 
 def _kill_group(proc: subprocess.Popen) -> int:

@@ -94,3 +94,42 @@ def test_bwrap_root_is_read_only(mounts, tmp_path_factory):
 def test_unknown_runtime():
     with pytest.raises(ValueError, match="unknown runtime"):
         get_runtime("kvm")
+
+
+class Revoked(BaseException):
+    pass
+
+
+def test_a_sigterm_as_the_group_starts_still_stops_it(tmp_path, monkeypatch):
+    """A revoke's SIGTERM right after the fork, before the group is watched, must still stop the group."""
+    import signal
+    import subprocess
+
+    from polar.sandbox import runtime as runtime_module
+
+    def on_term(signum, frame):
+        raise Revoked()
+
+    real_popen, started = subprocess.Popen, []
+
+    def popen_then_sigterm(*args, **kwargs):
+        proc = real_popen(*args, **kwargs)
+        started.append(proc.pid)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return proc
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    monkeypatch.setattr(runtime_module.subprocess, "Popen", popen_then_sigterm)
+    try:
+        with pytest.raises(Revoked):
+            runtime_module.run_group(["sleep", "30"], dict(os.environ), tmp_path, 60, tmp_path / "out",
+                                     tmp_path / "err", None)
+        with pytest.raises(ProcessLookupError):
+            os.kill(started[0], 0)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if started:
+            try:
+                os.killpg(started[0], signal.SIGKILL)
+            except ProcessLookupError:
+                pass
