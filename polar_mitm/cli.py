@@ -46,6 +46,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="bytes (or 512M, 1.5G) for session histories, prompt caches and capture records together; "
                         "past it the least recently used sessions' histories go and their next call is rendered in "
                         "full (default: no bound but 10,000 sessions)")
+    p.add_argument("--status-file", default="", metavar="FILE",
+                   help="rewrite FILE every few seconds with the proxy's pid, RSS and session memory as JSON "
+                        "(worker nodes use it for `polar status`; default: none)")
     p.set_defaults(func=run)
 
 
@@ -239,6 +242,7 @@ async def _serve(args: argparse.Namespace, confdir: Path) -> int:
         polar_capture_dir=args.capture_dir, polar_sessions=args.sessions, polar_hosts=args.hosts,
         polar_tool_parser=args.tool_parser, polar_reasoning_parser=args.reasoning_parser,
         polar_context_length=args.context_length, polar_memory_budget=args.memory_budget,
+        polar_status_file=args.status_file,
     )
     await master.run()
     return 0

@@ -13,6 +13,7 @@ import logging
 import re
 import time
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from mitmproxy import ctx, http
@@ -34,6 +35,8 @@ from polar_mitm.providers import CODECS
 from polar_mitm.providers.responses import error_response, json_response
 from polar_mitm.sessions.cache import SessionCache
 from polar_mitm.sessions.registry import redis_url_of, watch_ended
+from polar_mitm.status_file import INTERVAL_S as STATUS_INTERVAL_S
+from polar_mitm.status_file import write_status
 from polar_mitm.tokens.model import load_model
 from polar_mitm.tokens.prefix_cache import BYTES_PER_ID as CACHE_BYTES_PER_ID
 from polar_mitm.tokens.prefix_cache import MAX_IDS
@@ -103,6 +106,8 @@ class Router:
         self.dispatch = Dispatcher(capture, self.engines, self.histories)
         self.relay = StreamRelay(self.dispatch)
         self._ended_watch: asyncio.Task[None] | None = None
+        self._status_task: asyncio.Task[None] | None = None
+        self._status_path: Path | None = None
 
     def load(self, loader) -> None:
         loader.add_option("polar_backend", str, "http://127.0.0.1:30000",
@@ -134,6 +139,9 @@ class Router:
                           "Bytes for session histories, prompt caches and the capture writer together; past it the "
                           "least recently used sessions' histories go (their next call rendered in full, "
                           "rendered:evicted). 0 = no bound but polar_max_sessions.")
+        loader.add_option("polar_status_file", str, "",
+                          "JSON file rewritten every few seconds with this proxy's pid, RSS and session memory "
+                          "(`polar status` shows it for a node's proxies); removed at a clean stop. Empty = none.")
         loader.add_option("polar_history_check", str, "sampled",
                           "Compare substituted prompts with the chat template's own rendering and flag the "
                           "difference: sampled (a session's 1st, 2nd, 4th, 8th... substituted call), all, off.")
@@ -208,14 +216,28 @@ class Router:
         await self.engines.start(redis_url, opts.polar_session_ttl, opts.polar_engine_probe_interval,
                                  opts.polar_engine_status_interval, self.dispatch.sessions_per_engine,
                                  self.dispatch.memory_line)
+        if opts.polar_status_file:
+            self._status_path = Path(opts.polar_status_file)
+            self._status_task = asyncio.get_running_loop().create_task(self._write_status(self._status_path))
+
+    async def _write_status(self, path: Path) -> None:
+        while True:
+            try:
+                write_status(path, self.dispatch.memory_figures())
+            except OSError as e:  # a full disk must not stop the proxy; the reader sees the file go stale
+                log.warning("polar: status file %s: %s", path, e)
+            await asyncio.sleep(STATUS_INTERVAL_S)
 
     def _session_ended(self, task_id: str, session_id: str) -> None:
         self.histories.drop((task_id, session_id))
         self.dispatch.capture.forget(task_id, session_id)
 
     async def done(self) -> None:
-        if self._ended_watch is not None:
-            self._ended_watch.cancel()
+        for task in (self._ended_watch, self._status_task):
+            if task is not None:
+                task.cancel()
+        if self._status_path is not None:
+            self._status_path.unlink(missing_ok=True)  # stopped, not stale
         await self.relay.stop()
         await self.engines.stop()
         self.dispatch.close()

@@ -6,12 +6,13 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from polar.run.services import ProxyHandle
 from polar.sandbox.runtime import resolve_runtime
 from polar_mitm.cli import model_mismatch, served_models
 from polar_mitm.engines.backends import parse_backends
+from workers.liveness import proxies_line
 from workers.settings import WorkerSettings
 
 
@@ -68,7 +69,9 @@ def startup_line(settings: WorkerSettings, proxies: Sequence[ProxyHandle], queue
             f"model {settings.model_dir}; runtime {runtime}; output {settings.output_root}")
 
 
-def status_line(node: str, state: str, held: Sequence[tuple[str, str]], uptime_s: float) -> str:
+def status_line(node: str, state: str, held: Sequence[tuple[str, str]], uptime_s: float,
+                proxies: Sequence[dict[str, Any]] = ()) -> str:
     running = ", ".join(sample for _, sample in held[:4]) + (f" and {len(held) - 4} more" if len(held) > 4 else "")
     return (f"polar node {node}: {state}, {len(held)} samples held" + (f" ({running})" if held else "")
-            + (f", up {uptime_s:.0f}s" if uptime_s < 120 else f", up {uptime_s / 60:.0f} min"))
+            + (f", up {uptime_s:.0f}s" if uptime_s < 120 else f", up {uptime_s / 60:.0f} min")
+            + (f"; {proxies_line(proxies)}" if proxies else ""))

@@ -20,6 +20,7 @@ import redis
 
 from workers import batches, liveness, steps
 from workers.announce import say, status_line
+from workers.node import proxy_statuses
 from workers.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
@@ -69,7 +70,8 @@ class Heartbeat:
         held = self.prune()
         fields = {"state": liveness.DRAINING if deadline else liveness.ALIVE, "pid": os.getpid(),
                   "started_at": self.started_at, "load": len(held), "in_flight": [s for _, s in held],
-                  "output_root": str(self.settings.output_root)}  # `polar submit` without --out writes there
+                  "output_root": str(self.settings.output_root),  # `polar submit` without --out writes there
+                  "proxies": proxy_statuses()}
         if not liveness.beat(self.r, self.node, self.settings.liveness_s, fields) and self.connected_since:
             log.warning("polar node %s: its heartbeat had lapsed; samples reassigned meanwhile are discarded here",
                         self.node)
@@ -77,7 +79,7 @@ class Heartbeat:
         self.connected_since = self.connected_since or now
         if self.settings.status_s and now - self.last_status >= self.settings.status_s:
             self.last_status = now
-            say(status_line(self.node, fields["state"], held, time.time() - self.started_at))
+            say(status_line(self.node, fields["state"], held, time.time() - self.started_at, fields["proxies"]))
         if deadline is not None:
             self.drain_step(deadline, held)
         elif self.draining:  # undrained

@@ -3,7 +3,8 @@ and the CLI alike.
 
 Keys, all under `polar:node:<node>` (and the set `polar:nodes` of every node that ever beat):
   (string, TTL the node's liveness timeout)  its heartbeat: JSON {node, hostname, pid, state, beat_at, started_at,
-                   load, in_flight, output_root}; refreshed every heartbeat interval, gone when the node is lost (or left)
+                   load, in_flight, output_root, proxies (their memory)}; refreshed every heartbeat interval,
+                   gone when the node is lost (or left)
   :samples (set)   "<batch_id> <sample_id>" of the samples it holds (prepared there: their stages run there)
   :groups (set)    "<batch_id> <group_id>" of the groups whose advantages it is writing
   :drain           the unix time by which a drained node hands over what is still running
@@ -15,7 +16,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import redis
 
@@ -35,10 +36,30 @@ class NodeStatus:
     load: int
     in_flight: tuple[str, ...]  # sample ids
     output_root: str | None = None  # where the node writes batch folders (POLAR_OUTPUT_ROOT), while it beats
+    proxies: tuple[dict[str, Any], ...] = ()  # its proxies' status files (polar_mitm/status_file.py), as it beat
 
     def line(self) -> str:
         ago = "-" if self.beat_at is None else f"{time.time() - self.beat_at:.0f}s ago"
-        return f"{self.node}: {self.state}, {self.load} in flight, last heartbeat {ago}"
+        line = f"{self.node}: {self.state}, {self.load} in flight, last heartbeat {ago}"
+        return line + (f"; {proxies_line(self.proxies)}" if self.proxies and self.beat_at is not None else "")
+
+
+def proxies_line(proxies: Sequence[dict[str, Any]]) -> str:
+    """The memory a node's proxies hold, summed, and each proxy that stopped reporting (gone or stuck)."""
+    up = [p for p in proxies if p.get("state") == "reporting"]
+    mb = 2**20
+    line = (f"{len(proxies)} {'proxy' if len(proxies) == 1 else 'proxies'}: "
+            f"RSS {sum(p['rss_bytes'] for p in up) / mb:.0f} MB, "
+            f"{sum(p['histories'] for p in up)} session histories {sum(p['history_bytes'] for p in up) / mb:.1f} MB")
+    budgets = [p["history_budget_bytes"] for p in up if p.get("history_budget_bytes")]
+    if budgets:
+        line += f" (budget {sum(budgets) / mb:.0f} MB)"
+    line += f", {sum(p['evicted'] for p in up)} evicted"
+    for k, p in enumerate(proxies):
+        if p.get("state") != "reporting":
+            line += f"; proxy {k} not reporting ({p.get('state')}" + (
+                f", last {p['age_s']:.0f}s ago)" if "age_s" in p else ")")
+    return line
 
 
 def beat(r: redis.Redis, node: str, ttl_s: float, fields: dict[str, Any]) -> bool:
@@ -120,7 +141,8 @@ def nodes(r: redis.Redis) -> list[NodeStatus]:
             beat_ = json.loads(raw)
             state = DRAINING if r.exists(key(name, "drain")) else beat_.get("state", ALIVE)
             found.append(NodeStatus(name, state, beat_.get("beat_at"), int(beat_.get("load", 0)),
-                                    tuple(beat_.get("in_flight", ())), beat_.get("output_root")))
+                                    tuple(beat_.get("in_flight", ())), beat_.get("output_root"),
+                                    tuple(beat_.get("proxies", ()))))
         else:
             held_ = tuple(s for _, s in held(r, name))
             state = STOPPED if r.exists(key(name, "left")) and not held_ else LOST

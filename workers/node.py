@@ -7,12 +7,16 @@ from __future__ import annotations
 import contextlib
 import zlib
 from pathlib import Path
+from typing import Any
 
 from polar.run.services import ProxyHandle, running_proxy, start_proxy
 from polar.sandbox import supervisor
+from polar_mitm.status_file import read_status
 from workers.settings import WorkerSettings
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+# what a heartbeat carries of a proxy's status (polar_mitm/status_file.py)
+STATUS_FIELDS = ("state", "age_s", "pid", "rss_bytes", "histories", "history_bytes", "history_budget_bytes", "evicted")
 _stack = contextlib.ExitStack()
 _proxies: list[ProxyHandle] = []
 
@@ -77,6 +81,12 @@ def current() -> ProxyHandle:
     if not _proxies:
         raise RuntimeError("this worker's proxy is not running (workers.node.start runs at worker start)")
     return _proxies[0]
+
+
+def proxy_statuses() -> list[dict[str, Any]]:
+    """The status files of the proxies this node started (a running `polar proxy` it was given has none here)."""
+    return [{k: v for k, v in read_status(p.status_file).items() if k in STATUS_FIELDS}
+            for p in _proxies if p.status_file is not None]
 
 
 def stop() -> None:

@@ -37,6 +37,7 @@ class ProxyHandle:
     ca_cert: Path
     capture_dir: Path
     sessions: str  # "open" or the redis:// / unix:// URL the proxy reads sessions from
+    status_file: Path | None = None  # rewritten by a proxy we started (polar_mitm/status_file.py)
 
 
 def running_proxy(proxy_url: str, base_url: str, capture_dir: Path, ca: Path, sessions: str,
@@ -120,6 +121,7 @@ def start_proxy(tokenizer: Path, backend: str, capture_dir: Path, confdir: Path,
     """`polar proxy` on two free ports; yields its handle. `sessions`: "open" or a redis:// / unix:// URL."""
     log.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", PARENT_ENV: str(os.getpid())}
+    status_file = log.with_name(f"{log.stem}.status.json")
     for attempt in range(PORT_ATTEMPTS):
         # A free port is only free until someone binds it: another process's outgoing connection or listener can
         # take it between free_port() and mitmproxy's bind, so a lost race is retried on two fresh ports.
@@ -127,7 +129,8 @@ def start_proxy(tokenizer: Path, backend: str, capture_dir: Path, confdir: Path,
         cmd = [sys.executable, "-m", "polar.cli", "proxy", "--tokenizer", str(tokenizer), "--backend", backend,
                "--engine", engine,
                "--capture-dir", str(capture_dir), "--sessions", sessions, "--host", host,
-               "--proxy-port", str(p1), "--base-url-port", str(p2), "--confdir", str(confdir)]
+               "--proxy-port", str(p1), "--base-url-port", str(p2), "--confdir", str(confdir),
+               "--status-file", str(status_file)]
         with open(log, "wb") as out:
             proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
         watch = supervisor.watch_process(proc.pid)  # it also dies with us (die_with_parent): this is for its port
@@ -144,7 +147,7 @@ def start_proxy(tokenizer: Path, backend: str, capture_dir: Path, confdir: Path,
                 continue
             raise ServiceError(f"proxy: {e}") from e
     try:
-        yield ProxyHandle(host, p1, p2, ca, capture_dir, sessions)
+        yield ProxyHandle(host, p1, p2, ca, capture_dir, sessions, status_file)
     finally:
         stop(proc)
         watch.release()

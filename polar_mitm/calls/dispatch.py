@@ -216,16 +216,24 @@ class Dispatcher:
             history.remember(call.prompt, calls.reply_message(completion), calls.call_tokens(call, self.model.stop_ids))
             self.histories.reweigh(key)  # past polar_memory_budget, the least recently used sessions go
 
+    def memory_figures(self) -> dict[str, int]:
+        """What the proxy holds for its sessions and prompts (the status log line and the status file)."""
+        h = self.histories
+        figures = {"histories": len(h), "history_bytes": h.weight, "history_budget_bytes": h.max_weight,
+                   "evicted": h.evictions}
+        if self.model is not None:
+            figures["prefix_cache_prefixes"], figures["prefix_cache_ids"] = self.model.renderer.prefixes.size
+        return figures
+
     def memory_line(self) -> str:
         """What the proxy holds for its sessions and prompts, for the status log."""
-        h = self.histories
-        line = f"{len(h)} session histories, {h.weight / 2**20:.1f} MB"
-        if h.max_weight:
-            line += f" of {h.max_weight / 2**20:.0f} MB (polar_memory_budget)"
-        line += f", {h.evictions} evicted"
-        if self.model is not None:
-            prefixes, ids = self.model.renderer.prefixes.size
-            line += f"; shared-prefix cache {prefixes} prefixes, {ids} ids"
+        f = self.memory_figures()
+        line = f"{f['histories']} session histories, {f['history_bytes'] / 2**20:.1f} MB"
+        if f["history_budget_bytes"]:
+            line += f" of {f['history_budget_bytes'] / 2**20:.0f} MB (polar_memory_budget)"
+        line += f", {f['evicted']} evicted"
+        if "prefix_cache_ids" in f:
+            line += f"; shared-prefix cache {f['prefix_cache_prefixes']} prefixes, {f['prefix_cache_ids']} ids"
         return line
 
     def fail(self, call: calls.Call, e: ProviderError) -> http.Response:

@@ -4,10 +4,13 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+import time
 
 import httpx
 
 from polar_mitm.launch import stop, ADDON, PORT_ATTEMPTS, free_port, wait_for_port
+from polar_mitm.status_file import INTERVAL_S as STATUS_INTERVAL_S
+from polar_mitm.status_file import read_status
 
 
 def test_polar_proxy_prints_the_harness_environment_and_serves(tmp_path, reference_server, tiny_model_dir):
@@ -16,7 +19,7 @@ def test_polar_proxy_prints_the_harness_environment_and_serves(tmp_path, referen
     cmd = [sys.executable, "-m", "polar.cli", "proxy", "--tokenizer", str(tiny_model_dir),
            "--backend", f"{reference_server},{dead}",
            "--proxy-port", str(p1), "--base-url-port", str(p2), "--confdir", str(tmp_path / "conf"),
-           "--capture-dir", str(tmp_path / "cap")]
+           "--capture-dir", str(tmp_path / "cap"), "--status-file", str(tmp_path / "proxy.status.json")]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: list[str] = []
     threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()
@@ -30,8 +33,16 @@ def test_polar_proxy_prints_the_harness_environment_and_serves(tmp_path, referen
         # an API key names the session only through its hash: never a file name
         files = list((tmp_path / "cap" / "local").glob("*.jsonl"))
         assert len(files) == 1 and files[0].name.startswith("s-") and "cli" not in files[0].name
+        # the status file: this process, its memory, and the one session it now holds a history for
+        deadline = time.monotonic() + 3 * STATUS_INTERVAL_S
+        while (status := read_status(tmp_path / "proxy.status.json")).get("histories") != 1:
+            assert time.monotonic() < deadline, status
+            time.sleep(0.2)
+        assert status["state"] == "reporting" and status["pid"] == proc.pid
+        assert status["rss_bytes"] > 20 * 2**20 and status["history_bytes"] > 0 and status["evicted"] == 0
     finally:
         stop(proc)
+    assert read_status(tmp_path / "proxy.status.json") == {"state": "missing"}  # a clean stop removes it
     out = "".join(lines)
     assert f"CA certificate {tmp_path / 'conf' / 'mitmproxy-ca-cert.pem'}" in out
     assert f"export HTTPS_PROXY=http://SESSION:TOKEN@127.0.0.1:{p1}" in out

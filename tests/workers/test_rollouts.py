@@ -348,6 +348,14 @@ def test_a_node_with_two_proxies_keeps_each_sample_on_one(cluster: Cluster):
             mine = zlib.crc32(sample.sample_id.encode()) % 2
             assert len(found[mine]) == 4 and not found[1 - mine]  # all four calls in its own proxy's capture
             assert [r["prefix_source"] for r in found[mine]][1:] == ["substituted"] * 3
+        # `polar status` shows what the node's proxies hold, and a proxy that stops reporting (killed here)
+        status = next(n for n in cluster.client.nodes() if n.node == "n3")
+        assert [p["state"] for p in status.proxies] == ["reporting", "reporting"], status
+        assert "; 2 proxies: RSS " in status.line(), status.line()
+        assert all(p["rss_bytes"] > 20 * 2**20 for p in status.proxies), status
+        os.kill(status.proxies[1]["pid"], signal.SIGKILL)
+        wait_for(lambda: "proxy 1 not reporting (stale" in next(
+            n.line() for n in cluster.client.nodes() if n.node == "n3"), 60, "n3's proxy 1 reported stale")
     finally:
         for name in ("n1", "n2"):
             cluster.client.undrain(name)
