@@ -82,7 +82,8 @@ class SampleState:
         data = {f.name: getattr(self, f.name) for f in fields(self)}
         data.update(out=str(self.out), task=self.task.to_dict(), shared=str(self.shared),
                     proxy={**asdict(self.proxy), "ca_cert": str(self.proxy.ca_cert),
-                           "capture_dir": str(self.proxy.capture_dir)},
+                           "capture_dir": str(self.proxy.capture_dir),
+                           "status_file": str(self.proxy.status_file) if self.proxy.status_file else None},
                     session=asdict(self.session) if self.session else None,
                     outcome=asdict(self.outcome) if self.outcome else None)
         return data
@@ -93,7 +94,8 @@ class SampleState:
         return cls(**{**data, "out": Path(data["out"]), "task": TaskSpec.from_dict(data["task"]),
                       "shared": Path(data["shared"]),
                       "proxy": ProxyHandle(p["host"], p["proxy_port"], p["base_url_port"], Path(p["ca_cert"]),
-                                           Path(p["capture_dir"]), p["sessions"]),
+                                           Path(p["capture_dir"]), p["sessions"],
+                                           Path(p["status_file"]) if p.get("status_file") else None),
                       "session": Session(**s) if s else None, "outcome": Outcome(**o) if o else None})
 
     def save(self) -> None:
