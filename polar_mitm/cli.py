@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -189,6 +191,9 @@ def proxy_modes(host: str, proxy_port: int, base_url_port: int, backend: str) ->
 
 
 def run(args: argparse.Namespace) -> int:
+    from polar_mitm.tokens.model import without_torch
+
+    without_torch()  # this process is the proxy and nothing else
     # No silent default: ids recorded with another model's tokenizer would be wrong for every call.
     if not args.tokenizer:
         print("polar proxy: --tokenizer DIR is required: the model directory of the model the engine serves "
@@ -219,10 +224,15 @@ def run(args: argparse.Namespace) -> int:
     confdir = Path(args.confdir).expanduser()
     confdir.mkdir(parents=True, exist_ok=True)
     try:
-        return asyncio.run(_serve(args, confdir))
+        code = asyncio.run(_serve(args, confdir))
     except Exception as e:  # mitmproxy raises OptionsError for bad settings, OSError for busy ports
         print(f"polar proxy: {e}", file=sys.stderr)
         return 2
+    # Stopped: the addons' done() closed what they hold. The interpreter's own teardown (the tokenizer, mitmproxy)
+    # would take another second of every stop.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 async def _serve(args: argparse.Namespace, confdir: Path) -> int:
@@ -244,6 +254,9 @@ async def _serve(args: argparse.Namespace, confdir: Path) -> int:
         polar_context_length=args.context_length, polar_memory_budget=args.memory_budget,
         polar_status_file=args.status_file,
     )
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):  # as mitmdump does: a stop runs the addons' done() (status file)
+        loop.add_signal_handler(sig, master.shutdown)
     await master.run()
     return 0
 
