@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,16 @@ class Model:
         parser = new_parser(self.tool_parser, self.reasoning_parser, starts_in_reasoning=self.starts_in_reasoning,
                             call_id_prefix=call_id.replace("call-", "call_") + "_")
         return Detokenizer(self.tokenizer), parser
+
+
+def without_torch() -> None:
+    """For a process that only tokenizes (the proxy): transformers imports torch whenever it is installed, half of
+    a proxy's start-up CPU (~1 s) for nothing it uses. A None entry in sys.modules makes torch absent (find_spec
+    says so, an import raises ImportError). Not in a process that already imported it, nor in one that may need it
+    later (the test runner): call it first thing in the proxy's own process."""
+    if "torch" not in sys.modules:
+        sys.modules["torch"] = None  # type: ignore[assignment]
+        os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")  # its "PyTorch was not found" line
 
 
 def load_model(spec: str, tool_parser: str = "auto", reasoning_parser: str = "auto", context_length: int = 0) -> Model:
