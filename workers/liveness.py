@@ -57,7 +57,7 @@ def proxies_line(proxies: Sequence[dict[str, Any]]) -> str:
     line += f", {sum(p['evicted'] for p in up)} evicted"
     for k, p in enumerate(proxies):
         if p.get("state") != "reporting":
-            line += f"; proxy {k} not reporting ({p.get('state')}" + (
+            line += f"; proxy {p.get('index', k)} not reporting ({p.get('state')}" + (
                 f", last {p['age_s']:.0f}s ago)" if "age_s" in p else ")")
     return line
 

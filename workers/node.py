@@ -84,9 +84,10 @@ def current() -> ProxyHandle:
 
 
 def proxy_statuses() -> list[dict[str, Any]]:
-    """The status files of the proxies this node started (a running `polar proxy` it was given has none here)."""
-    return [{k: v for k, v in read_status(p.status_file).items() if k in STATUS_FIELDS}
-            for p in _proxies if p.status_file is not None]
+    """The status files of the proxies this node started, each with its index among the node's proxies (a
+    running `polar proxy` it was given, POLAR_PROXY, has no status file here)."""
+    return [{"index": k, **{f: v for f, v in read_status(p.status_file).items() if f in STATUS_FIELDS}}
+            for k, p in enumerate(_proxies) if p.status_file is not None]
 
 
 def stop() -> None:
