@@ -3,6 +3,9 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import subprocess
+import sys
+import tempfile
 from contextlib import ExitStack
 from pathlib import Path
 from types import ModuleType
@@ -10,11 +13,34 @@ from typing import Callable, Iterator
 
 import pytest
 
+from polar_serve.forkserver import ENV_VAR as FORKSERVER_ENV
 from polar_serve.launch import reference_server as launch_reference_server
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach the hub from tests
 
 ROOT = Path(__file__).resolve().parents[1]
+_forkserver: subprocess.Popen[str] | None = None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """One warm fork server for the run's reference servers (the controller's; xdist workers and every CLI a
+    test starts inherit POLAR_SERVE_FORKSERVER): each start then costs a fork, not ~3.5 CPU-s of imports."""
+    global _forkserver
+    if hasattr(config, "workerinput") or os.environ.get(FORKSERVER_ENV) or os.environ.get("POLAR_NO_FORKSERVER"):
+        return
+    path = Path(tempfile.mkdtemp(prefix="polar-forkserver-")) / "socket"
+    _forkserver = subprocess.Popen([sys.executable, "-m", "polar_serve.forkserver", "--socket", str(path)],
+                                   stdout=subprocess.PIPE, text=True)
+    assert _forkserver.stdout is not None
+    if _forkserver.stdout.readline().startswith("polar serve forkserver: listening"):
+        os.environ[FORKSERVER_ENV] = str(path)  # else every server starts as a process, as without it
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _forkserver is not None:
+        _forkserver.terminate()
+        _forkserver.wait(30)
+        os.environ.pop(FORKSERVER_ENV, None)
 
 
 @pytest.fixture(scope="session")
