@@ -39,6 +39,11 @@ def netns() -> str:
         return ""
 
 
+def interpreter() -> str:
+    """Which Python and environment: `python` and `python3` of one venv are the same to a child."""
+    return f"{os.path.realpath(sys.executable)} {sys.prefix}"
+
+
 def import_time_env(env: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k.startswith(IMPORT_TIME_ENV)}
 
@@ -86,15 +91,25 @@ def _read_request(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
 def _refusal(request: dict[str, Any], fds: list[int], startup_env: dict[str, str]) -> str | None:
     if len(fds) != 2:
         return f"expected stdout and stderr descriptors, got {len(fds)}"
-    if request.get("python") != sys.executable:
-        return f"another interpreter ({request.get('python')}, this one is {sys.executable})"
+    if request.get("python") != interpreter():
+        return f"another interpreter ({request.get('python')}, this one is {interpreter()})"
     if request.get("uid") != os.getuid():
         return "another user"
     if request.get("netns") != netns():
         return "another network namespace (the server's port would not be reachable)"
-    if import_time_env(request.get("env", {})) != import_time_env(startup_env):
-        return "another environment for what imports read (HF_*, TORCH*, ...)"
+    theirs, ours = import_time_env(request.get("env", {})), import_time_env(startup_env)
+    differ = sorted(k for k in theirs.keys() | ours.keys() if k != "PYTHONPATH" and theirs.get(k) != ours.get(k))
+    if differ:
+        return f"another value of {', '.join(differ)}, which imports read"
+    if not _on_path(theirs.get("PYTHONPATH", "")):
+        return "a PYTHONPATH entry that is not on this server's sys.path"
     return None
+
+
+def _on_path(pythonpath: str) -> bool:
+    """Whether every entry of a client's PYTHONPATH is on sys.path here (a child imports from this one)."""
+    here = {os.path.realpath(p or ".") for p in sys.path}
+    return all(os.path.realpath(p) in here for p in pythonpath.split(os.pathsep) if p)
 
 
 def _run_child(request: dict[str, Any], fds: list[int], to_close: list[socket.socket],
@@ -159,6 +174,7 @@ def serve(path: Path) -> int:
     selector.register(listener, selectors.EVENT_READ)
     children: dict[int, _Child] = {}  # by pid
     by_conn: dict[int, _Child] = {}  # by the connection's fd
+    forked, refused = 0, dict[str, int]()  # refused: reason -> clients; the line at the end says what it served
     print(f"polar serve forkserver: listening on {path}", flush=True)
     while not stopping:
         for key, _ in selector.select(timeout=0.2):
@@ -173,7 +189,7 @@ def serve(path: Path) -> int:
                     continue
                 problem = _refusal(request, fds, startup_env)
                 if problem:
-                    print(f"polar serve forkserver: refused a client: {problem}", file=sys.stderr, flush=True)
+                    refused[problem] = refused.get(problem, 0) + 1
                     _send(conn, {"refused": problem})
                     for fd in fds:
                         os.close(fd)
@@ -181,6 +197,7 @@ def serve(path: Path) -> int:
                     continue
                 sys.stdout.flush()
                 sys.stderr.flush()
+                forked += 1
                 pid = os.fork()
                 if pid == 0:
                     _run_child(request, fds, [listener, *(c.conn for c in children.values()), conn], selector, set_by_imports)
@@ -210,6 +227,9 @@ def serve(path: Path) -> int:
         _signal(child, signal.SIGKILL)
     listener.close()
     path.unlink(missing_ok=True)
+    why = "; ".join(f"{n}x {reason}" for reason, n in sorted(refused.items(), key=lambda kv: -kv[1]))
+    print(f"polar serve forkserver: forked {forked} servers, refused {sum(refused.values())} clients"
+          + (f" ({why})" if why else ""), file=sys.stderr, flush=True)
     return 0
 
 

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any, Callable, Iterator
 
-from polar_serve.forkserver import ENV_VAR as FORKSERVER_ENV, netns
+from polar_serve.forkserver import ENV_VAR as FORKSERVER_ENV, interpreter, netns
 
 READY_PREFIX = "polar serve: listening on "
 
@@ -100,7 +100,7 @@ def _forked(args: list[str], env: dict[str, str], log: IO[str]) -> ForkedProcess
     try:
         messages.conn.settimeout(10)
         messages.conn.connect(path)
-        request = {"args": args, "env": env, "cwd": os.getcwd(), "python": sys.executable, "uid": os.getuid(),
+        request = {"args": args, "env": env, "cwd": os.getcwd(), "python": interpreter(), "uid": os.getuid(),
                    "netns": netns()}
         socket.send_fds(messages.conn, [json.dumps(request).encode() + b"\n"], [write_fd, log.fileno()])
         reply = messages.read()
