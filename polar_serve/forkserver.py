@@ -88,7 +88,8 @@ def _read_request(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
     return json.loads(data), fds
 
 
-def _refusal(request: dict[str, Any], fds: list[int], startup_env: dict[str, str]) -> str | None:
+def _refusal(request: dict[str, Any], fds: list[int], startup_env: dict[str, str],
+             set_by_imports: dict[str, str]) -> str | None:
     if len(fds) != 2:
         return f"expected stdout and stderr descriptors, got {len(fds)}"
     if request.get("python") != interpreter():
@@ -98,7 +99,9 @@ def _refusal(request: dict[str, Any], fds: list[int], startup_env: dict[str, str
     if request.get("netns") != netns():
         return "another network namespace (the server's port would not be reachable)"
     theirs, ours = import_time_env(request.get("env", {})), import_time_env(startup_env)
-    differ = sorted(k for k in theirs.keys() | ours.keys() if k != "PYTHONPATH" and theirs.get(k) != ours.get(k))
+    differ = sorted(k for k in theirs.keys() | ours.keys() if k != "PYTHONPATH" and theirs.get(k) != ours.get(k)
+                    # a client that imported torch itself has what that import set: the child gets it too
+                    and not (k in set_by_imports and theirs.get(k) == set_by_imports[k]))
     if differ:
         return f"another value of {', '.join(differ)}, which imports read"
     if not _on_path(theirs.get("PYTHONPATH", "")):
@@ -187,7 +190,7 @@ def serve(path: Path) -> int:
                     _send(conn, {"refused": f"bad request: {e}"})
                     conn.close()
                     continue
-                problem = _refusal(request, fds, startup_env)
+                problem = _refusal(request, fds, startup_env, set_by_imports)
                 if problem:
                     refused[problem] = refused.get(problem, 0) + 1
                     _send(conn, {"refused": problem})

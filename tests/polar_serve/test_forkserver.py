@@ -140,3 +140,17 @@ def test_a_forked_process_reports_a_signal_as_popen_does(use: str, tiny_model_di
         proc.terminate()
         assert proc.wait(10) == -signal.SIGTERM
         proc.stdout.close()
+
+
+def test_what_importing_torch_set_in_a_client_is_no_difference(use: str, tiny_model_dir: Path, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch._dynamo  # noqa: F401 — sets TORCHINDUCTOR_CACHE_DIR here, as transformers' imports did there
+
+    assert os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    with launch(tiny_model_dir, log_path=tmp_path / "log") as url:
+        assert len(generate(url)) == 4
+    assert "starting a process" not in (tmp_path / "log").read_text()
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))  # another value is a difference
+    with launch(tiny_model_dir, log_path=tmp_path / "log2") as url:
+        assert len(generate(url)) == 4
+    assert "refused: another value of TORCHINDUCTOR_CACHE_DIR" in (tmp_path / "log2").read_text()
