@@ -92,6 +92,11 @@ def _refusal(request: dict[str, Any], fds: list[int], startup_env: dict[str, str
              set_by_imports: dict[str, str]) -> str | None:
     if len(fds) != 2:
         return f"expected stdout and stderr descriptors, got {len(fds)}"
+    if not (isinstance(request, dict) and isinstance(request.get("args"), list)
+            and all(isinstance(a, str) for a in request["args"]) and isinstance(request.get("cwd"), str)
+            and isinstance(request.get("env"), dict)
+            and all(isinstance(k, str) and isinstance(v, str) for k, v in request["env"].items())):
+        return "a malformed request"
     if request.get("python") != interpreter():
         return f"another interpreter ({request.get('python')}, this one is {interpreter()})"
     if request.get("uid") != os.getuid():
@@ -126,7 +131,9 @@ def _run_child(request: dict[str, Any], fds: list[int], to_close: list[socket.so
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
             signal.signal(sig, signal.SIG_DFL)
         import ctypes
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: go when this server goes
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: go when this server goes
+        libc.prctl(15, b"polar serve")  # PR_SET_NAME: what ps and top call it (its cmdline is this server's)
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
         os.dup2(fds[0], 1)
@@ -203,7 +210,8 @@ def serve(path: Path) -> int:
                 forked += 1
                 pid = os.fork()
                 if pid == 0:
-                    _run_child(request, fds, [listener, *(c.conn for c in children.values()), conn], selector, set_by_imports)
+                    _run_child(request, fds, [listener, *(c.conn for c in children.values()), conn], selector,
+                               set_by_imports)
                 for fd in fds:
                     os.close(fd)
                 child = children[pid] = by_conn[conn.fileno()] = _Child(pid, conn)

@@ -40,7 +40,9 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     if _forkserver is not None:
         _forkserver.terminate()
         _forkserver.wait(30)
-        os.environ.pop(FORKSERVER_ENV, None)
+        path = os.environ.pop(FORKSERVER_ENV, None)
+        if path:
+            Path(path).parent.rmdir()  # the fork server removed its socket
 
 
 @pytest.fixture(scope="session")

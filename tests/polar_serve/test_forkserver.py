@@ -154,3 +154,21 @@ def test_what_importing_torch_set_in_a_client_is_no_difference(use: str, tiny_mo
     with launch(tiny_model_dir, log_path=tmp_path / "log2") as url:
         assert len(generate(url)) == 4
     assert "refused: another value of TORCHINDUCTOR_CACHE_DIR" in (tmp_path / "log2").read_text()
+
+
+def test_a_malformed_request_is_refused_and_the_fork_server_goes_on(use: str, tiny_model_dir: Path,
+                                                                    tmp_path: Path) -> None:
+    import json
+    import socket
+
+    for request in ([1, 2], {"args": "serve", "env": {}, "cwd": "/"}, {"args": [], "env": {"A": 1}, "cwd": "/"}):
+        read_fd, write_fd = os.pipe()
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.connect(use)
+            socket.send_fds(conn, [json.dumps(request).encode() + b"\n"], [write_fd, write_fd])
+            assert json.loads(conn.makefile().readline()) == {"refused": "a malformed request"}
+        os.close(read_fd)
+        os.close(write_fd)
+    with launch(tiny_model_dir, log_path=tmp_path / "log") as url:  # still serving
+        assert len(generate(url)) == 4
+    assert "starting a process" not in (tmp_path / "log").read_text()
