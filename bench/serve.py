@@ -1,6 +1,7 @@
 """Reference server throughput on this CPU: tokens/s for sampled generation (KV-cache decoding) and for teacher
 forcing a scripted reply (one forward pass), at a few prompt lengths; in-process, then once over HTTP on
-127.0.0.1. Bounded: a few seconds on the tiny model.
+127.0.0.1; then what a server start costs (to its ready line) as a process and forked from the warm fork server
+(polar_serve/forkserver.py), in the same run. Bounded: under a minute on the tiny model.
 
     .venv/bin/python bench/serve.py [--model DIR] [--new-tokens N] [--threads N]
 """
@@ -8,7 +9,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -20,12 +24,14 @@ import httpx  # noqa: E402
 import torch  # noqa: E402
 
 from polar_serve.engine import Engine  # noqa: E402
+from polar_serve.forkserver import ENV_VAR as FORKSERVER_ENV  # noqa: E402
 from polar_serve.launch import reference_server  # noqa: E402
 from polar_serve.sampling import SamplingParams  # noqa: E402
 from polar_serve.sequence import Sequence  # noqa: E402
 
 PROMPT_LENGTHS = (16, 256, 1024)
 REPEATS = 3
+STARTS = 5
 
 
 def timed_run(engine: Engine, prompt: list[int], params: SamplingParams, forced: list[int] | None) -> float:
@@ -69,6 +75,46 @@ def bench_http(model: Path, new_tokens: int) -> None:
           f"{1000 * elapsed:.0f} ms per request")
 
 
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a live process (its own, not its children's)."""
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def starts(model: Path) -> tuple[float, float]:
+    """Median (wall s to the ready line, CPU-s of the server by then) over STARTS starts."""
+    walls, cpus = [], []
+    for _ in range(STARTS):
+        pids: list[int] = []
+        t0 = time.perf_counter()
+        with reference_server(model, on_start=pids.append):
+            walls.append(time.perf_counter() - t0)
+            cpus.append(cpu_s(pids[0]))
+    return statistics.median(walls), statistics.median(cpus)
+
+
+def bench_start(model: Path) -> None:
+    os.environ.pop(FORKSERVER_ENV, None)
+    process = starts(model)
+    with tempfile.TemporaryDirectory(prefix="polar-bench-fork-") as tmp:
+        path = Path(tmp) / "socket"
+        t0 = time.perf_counter()
+        server = subprocess.Popen([sys.executable, "-m", "polar_serve.forkserver", "--socket", str(path)],
+                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        assert server.stdout is not None and server.stdout.readline().startswith("polar serve forkserver")
+        own = time.perf_counter() - t0, cpu_s(server.pid)
+        os.environ[FORKSERVER_ENV] = str(path)
+        try:
+            forked = starts(model)
+        finally:
+            os.environ.pop(FORKSERVER_ENV, None)
+            server.terminate()
+            server.wait(30)
+    print(f"server start to its ready line (median of {STARTS}): process {process[0]:.2f} s, {process[1]:.2f} CPU-s; "
+          f"forked {forked[0]:.2f} s, {forked[1]:.2f} CPU-s ({process[1] / max(forked[1], 0.01):.0f}x less CPU; "
+          f"the fork server's own start, once: {own[0]:.2f} s, {own[1]:.2f} CPU-s)")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", type=Path, default=ROOT / "fixtures" / "tiny-qwen2")
@@ -78,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     bench_engine(args.model, args.new_tokens)
     bench_http(args.model, args.new_tokens)
+    bench_start(args.model)
     return 0
 
 
