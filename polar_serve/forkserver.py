@@ -2,8 +2,8 @@
 a reference server's start on 2 cores), then forks a ready child for each server a client asks for.
 
 `python -m polar_serve.forkserver --socket PATH` listens on a Unix socket; polar_serve.launch uses it when
-POLAR_SERVE_FORKSERVER names that socket (the test suite sets it: its ~120 server starts cost ~400 CPU-s
-without it) and starts a plain process otherwise. A child behaves as `python -m polar_serve ARGS` would: the
+POLAR_SERVE_FORKSERVER names that socket (the test suite sets it: its ~80 server starts through launch cost
+~270 CPU-s without it) and starts a plain process otherwise. A child behaves as `python -m polar_serve ARGS` would: the
 client's argv, environment, working directory, stdout and stderr (passed as file descriptors); it dies with the
 client's connection or with this server. Fork safety: this process imports and never computes (no torch thread
 pool, no event loop, one thread), and it serves only a client it matches exactly (same interpreter, uid, network
