@@ -23,6 +23,7 @@ sys.path.insert(0, str(ROOT))
 import httpx  # noqa: E402
 import torch  # noqa: E402
 
+from bench.peers import proc_tree_cpu_ms  # noqa: E402
 from polar_serve.engine import Engine  # noqa: E402
 from polar_serve.forkserver import ENV_VAR as FORKSERVER_ENV  # noqa: E402
 from polar_serve.launch import reference_server  # noqa: E402
@@ -75,12 +76,6 @@ def bench_http(model: Path, new_tokens: int) -> None:
           f"{1000 * elapsed:.0f} ms per request")
 
 
-def cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a live process (its own, not its children's)."""
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def starts(model: Path) -> tuple[float, float]:
     """Median (wall s to the ready line, CPU-s of the server by then) over STARTS starts."""
     walls, cpus = [], []
@@ -89,7 +84,7 @@ def starts(model: Path) -> tuple[float, float]:
         t0 = time.perf_counter()
         with reference_server(model, on_start=pids.append):
             walls.append(time.perf_counter() - t0)
-            cpus.append(cpu_s(pids[0]))
+            cpus.append(proc_tree_cpu_ms(pids[0]) / 1000)
     return statistics.median(walls), statistics.median(cpus)
 
 
@@ -102,7 +97,7 @@ def bench_start(model: Path) -> None:
         server = subprocess.Popen([sys.executable, "-m", "polar_serve.forkserver", "--socket", str(path)],
                                   stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         assert server.stdout is not None and server.stdout.readline().startswith("polar serve forkserver")
-        own = time.perf_counter() - t0, cpu_s(server.pid)
+        own = time.perf_counter() - t0, proc_tree_cpu_ms(server.pid) / 1000
         os.environ[FORKSERVER_ENV] = str(path)
         try:
             forked = starts(model)

@@ -15,6 +15,7 @@ Popen.returncode) from here.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import selectors
@@ -182,8 +183,7 @@ def serve(path: Path) -> int:
     signal.signal(signal.SIGINT, stop)
     selector = selectors.DefaultSelector()
     selector.register(listener, selectors.EVENT_READ)
-    children: dict[int, _Child] = {}  # by pid
-    by_conn: dict[int, _Child] = {}  # by the connection's fd
+    children: dict[int, _Child] = {}  # by pid; the selector holds each child's connection with it as data
     forked, refused = 0, dict[str, int]()  # refused: reason -> clients; the line at the end says what it served
     print(f"polar serve forkserver: listening on {path}", flush=True)
     while not stopping:
@@ -214,11 +214,11 @@ def serve(path: Path) -> int:
                                set_by_imports)
                 for fd in fds:
                     os.close(fd)
-                child = children[pid] = by_conn[conn.fileno()] = _Child(pid, conn)
-                selector.register(conn, selectors.EVENT_READ)
+                child = children[pid] = _Child(pid, conn)
+                selector.register(conn, selectors.EVENT_READ, child)
                 _send(conn, {"pid": pid})
             else:
-                child = by_conn[sock.fileno()]
+                child = key.data
                 try:
                     data = sock.recv(4096)
                 except OSError:
@@ -226,14 +226,13 @@ def serve(path: Path) -> int:
                 if not data:  # the client is gone: its server goes too (as a child of it would)
                     _signal(child, signal.SIGTERM)
                     selector.unregister(sock)
-                    del by_conn[sock.fileno()]
                     continue
                 for line in data.splitlines():
                     try:
                         _signal(child, int(json.loads(line)["signal"]))
                     except (ValueError, KeyError, TypeError):
                         pass
-        _reap(children, by_conn, selector)
+        _reap(children, selector)
     for child in children.values():
         _signal(child, signal.SIGKILL)
     listener.close()
@@ -251,7 +250,7 @@ def _signal(child: _Child, sig: int) -> None:
         pass
 
 
-def _reap(children: dict[int, _Child], by_conn: dict[int, _Child], selector: selectors.BaseSelector) -> None:
+def _reap(children: dict[int, _Child], selector: selectors.BaseSelector) -> None:
     while children:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -263,7 +262,7 @@ def _reap(children: dict[int, _Child], by_conn: dict[int, _Child], selector: sel
         if child is None:
             continue
         _send(child.conn, {"exit": os.waitstatus_to_exitcode(status)})
-        if by_conn.pop(child.conn.fileno(), None) is not None:
+        with contextlib.suppress(KeyError):  # unregistered already when its client went first
             selector.unregister(child.conn)
         child.conn.close()
 

@@ -45,6 +45,10 @@ def generate(url: str) -> list[int]:
     return r.json()["output_ids"]
 
 
+def parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
 def alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -68,8 +72,7 @@ def test_a_forked_server_answers_as_a_started_one_and_stops_as_one(use: str, tin
     with launch(tiny_model_dir, log_path=tmp_path / "log", on_start=pids.append) as url:
         assert generate(url) == generate(reference_server)  # greedy: the same tokens as the suite's server
         assert "starting a process" not in (tmp_path / "log").read_text()
-        parent = int(Path(f"/proc/{pids[0]}/stat").read_text().rsplit(")", 1)[1].split()[1])
-        assert parent != os.getpid()  # forked by the fork server, not started by us
+        assert parent(pids[0]) != os.getpid()  # forked by the fork server, not started by us
     assert gone_within(pids[0], 5)
 
 
@@ -88,8 +91,7 @@ def test_a_client_the_fork_server_does_not_match_gets_a_process(use: str, tiny_m
         assert len(generate(url)) == 4
         log = (tmp_path / "log").read_text()
         assert "refused: another value of HF_HOME, which imports read" in log and "starting a process" in log
-        parent = int(Path(f"/proc/{pids[0]}/stat").read_text().rsplit(")", 1)[1].split()[1])
-        assert parent == os.getpid()
+        assert parent(pids[0]) == os.getpid()
 
 
 def test_a_forked_server_goes_with_its_client(use: str, tiny_model_dir: Path, tmp_path: Path) -> None:
