@@ -167,14 +167,15 @@ def abandon(attempt: Path, proxy: ProxyHandle, reason: str, kind: str) -> None:
     """Mark an attempt abandoned: its session ends and its sandbox stops (polar.run.sample.cleanup_sample), its capture
     moves into the attempt folder, ABANDONED.json says why; nothing of it is trained on. The capture is looked for
     where the attempt's own proxy wrote it (another node's, when that node was lost), else in `proxy`'s."""
-    session = _session_of(attempt)
+    sessions = _sessions_of(attempt)
     moved = []
-    if session:
+    if sessions:
         from polar.run.sample import cleanup_sample
 
         cleanup_sample(attempt)
-        src = proxy.capture_dir / session["task_id"] / f"{session['session_id']}.jsonl"
         recorded = json.loads((attempt / "sample.json").read_text()).get("proxy", {}).get("capture_dir")
+    for session in sessions:
+        src = proxy.capture_dir / session["task_id"] / f"{session['session_id']}.jsonl"
         if recorded and (Path(recorded) / src.relative_to(proxy.capture_dir)).exists():
             src = Path(recorded) / src.relative_to(proxy.capture_dir)
         if src.exists():
@@ -183,10 +184,12 @@ def abandon(attempt: Path, proxy: ProxyHandle, reason: str, kind: str) -> None:
     write_json(attempt / ABANDONED, {"reason": reason, "kind": kind, "at": time.time(), "captures": moved})
 
 
-def _session_of(attempt: Path) -> dict[str, str] | None:
-    """The attempt's session {task_id, session_id, token} from polar.run.sample's sample.json."""
+def _sessions_of(attempt: Path) -> list[dict[str, str]]:
+    """The attempt's sessions {task_id, session_id, token} from polar.run.sample's sample.json: its one, or each
+    step's of a multi-step task."""
     path = attempt / "sample.json"
     if not path.exists():
-        return None
-    session = json.loads(path.read_text()).get("session")
-    return session if isinstance(session, dict) and session.get("session_id") else None
+        return []
+    state = json.loads(path.read_text())
+    found = [state.get("session")] + [step.get("session") for step in state.get("steps") or []]
+    return [s for s in found if isinstance(s, dict) and s.get("session_id")]

@@ -218,6 +218,11 @@ def run_task(args: argparse.Namespace) -> int:
           f"evaluate {t.get('evaluate_s', 0):.1f}s")
     for line in outcome_summary(result):
         print(f"  {line}")
+    for i, step in enumerate(result.steps):
+        reward = "not run" if not step["ran"] else "timed out" if step["timed_out"] else (
+            f"reward {step['reward']:g}" if step["reward"] is not None else "not scored")
+        print(f"  step {i + 1} {step['name']}: {reward}" + (f" ({step['stopped']}: the steps after it did not run)"
+                                                           if step.get("stopped") else ""))
     if result.status == "error":
         for line in cause_lines(out, [Path(f) for f in result.capture_files]):
             print(f"  {line}")
@@ -240,6 +245,11 @@ def run_task_oracle(args: argparse.Namespace, task: TaskSpec) -> int:
         raise TaskError(f"--oracle: {given} is a tasks file, and its tasks have no solution; --oracle runs the "
                         "solution/solve.sh of a Harbor task (give a Harbor task directory: task.toml, solution/) "
                         "or the gold patch of an SWE-style instance")
+    elif task.steps:  # each step's own steps/<name>/solution/solve.sh
+        if not any(step.solution for step in task.steps):
+            raise TaskError(f"--oracle: task {task.task_id} is a multi-step task, and none of its steps has "
+                            "steps/<name>/solution/solve.sh")
+        solve = None
     else:  # TaskError: caught by the caller
         solve = solution_of(given.parent if given.is_file() else given, task.task_id, args.tasks_root)
     _check_image(task.image, "--image" if args.image else f"task {task.task_id}: image")
@@ -259,6 +269,9 @@ def run_task_oracle(args: argparse.Namespace, task: TaskSpec) -> int:
           f"reward {reward:g}")
     if result.evaluation.rewards:
         print(f"  rewards: {json.dumps(result.evaluation.rewards)}")
+    for i, step in enumerate(result.steps):
+        print(f"  step {i + 1} {step['name']}: solve.sh exit {step['exit_code']}, reward {step['reward']:g}"
+              + (f" ({step['stopped']}: the steps after it did not run)" if step.get("stopped") else ""))
     print(f"  oracle folder: {out}")
     return 0 if reward == task.reward_range[1] else 1
 

@@ -33,7 +33,8 @@ from typing import Any, Iterator
 
 from polar.harness.adapters import AdapterSpec
 from polar.run.local_redis import private_redis
-from polar.run.services import ProxyHandle, new_session
+from polar.run.multistep import finish_steps, prepare_steps, run_steps, step_results, step_sessions
+from polar.run.services import ProxyHandle, Session, new_session
 from polar.run.session import (DEFAULT_CONFDIR, HARNESS_BIN, TOOLS_BIN, EngineConfig, HarnessSetup, capture_files,
                                exec_harness, prepare_harness, shared_dir, snapshot_workspace, start_services,
                                with_task_vars, workspace_snapshots)
@@ -95,6 +96,7 @@ class SampleResult:
     calls: int = 0
     tampered: list[str] = field(default_factory=list)  # agent changes dropped by the allowlist, HOME start-up hooks
     suspicious: list[str] = field(default_factory=list)  # "PATH: WHAT": changes reaching for the verifier, flags
+    steps: list[dict[str, Any]] = field(default_factory=list)  # a multi-step task's: name, reward, ran, stopped
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -151,13 +153,17 @@ def _prepare(cfg: SampleConfig, proxy: ProxyHandle, state: SampleState) -> None:
     state.instance = sandbox.name
     if state.instance:
         state.save()  # the instance is stopped by postrun even if we die now
-    state.session = new_session(proxy, task.task_id, cfg.sample_id, task.max_calls, cfg.sampling)
     setup = HarnessSetup(cfg.adapter, task.instruction, cfg.model or cfg.adapter.model, cfg.way_in,
                          state.runtime, cfg.tools_bin)
-    rendered = prepare_harness(setup, sandbox, mounts, state.session, proxy, state.out, task.workspace)
+    if task.steps:  # each step its own session and harness (polar/run/multistep.py)
+        prepare_steps(state, setup, sandbox, proxy, task.max_calls, cfg.sampling)
+    else:
+        state.session = new_session(proxy, task.task_id, cfg.sample_id, task.max_calls, cfg.sampling)
+        rendered = prepare_harness(setup, sandbox, mounts, state.session, proxy, state.out, task.workspace)
     if task.healthcheck and not _healthy(task, sandbox, mounts, state):
         return
-    state.harness = {"argv": list(rendered.argv), "env": with_task_vars(rendered.env, task.env)}
+    state.harness = {"steps": len(task.steps)} if task.steps else {
+        "argv": list(rendered.argv), "env": with_task_vars(rendered.env, task.env)}
 
 
 def _agent_disk(state: SampleState) -> None:
@@ -198,21 +204,20 @@ def run_harness(sample_dir: Path) -> None:
     start, cpu = time.monotonic(), host_cpu_s()
     state = load_state(out)
     if state.outcome is None:
-        budget = min(state.task.timeout_s, _session_left(state))
+        budget = min(state.task.timeout_s, state.session_left())
         assert state.harness is not None  # rendered by prepare, which set an outcome otherwise
         try:
             with occupying():  # this node's own count of running samples (a verifier's timeout: whose?)
-                result = exec_harness(_sandbox(state), state.harness["argv"], state.harness["env"],
-                                      state.mounts, state.proxy, budget, out)
-            state.exit_code, state.timed_out = result.exit_code, result.timed_out
+                if state.task.steps:
+                    run_steps(state, _sandbox(state), _verify_on, lambda key, s: _end_session(state, key, s))
+                else:
+                    result = exec_harness(_sandbox(state), state.harness["argv"], state.harness["env"],
+                                          state.mounts, state.proxy, budget, out)
+                    state.exit_code, state.timed_out = result.exit_code, result.timed_out
         except Exception as e:  # noqa: BLE001
             state.fail("harness", f"{type(e).__name__}: {e}")
     _timed(state, "run", start, cpu)
     state.save()
-
-
-def _session_left(state: SampleState) -> float:
-    return max(1.0, state.task.session_timeout_s - (time.time() - state.started_at))
 
 
 def evaluate_sample(sample_dir: Path) -> None:
@@ -229,7 +234,10 @@ def evaluate_sample(sample_dir: Path) -> None:
     if state.outcome is None and not state.timed_out:
         try:
             with occupying():
-                _verify(state, out)
+                if state.task.steps:
+                    finish_steps(state, _verify_on)
+                else:
+                    _verify(state, out)
         except Exception as e:  # noqa: BLE001 - Polar's or the machine's failure, never a reward
             state.fail("evaluator", f"{type(e).__name__}: {e}")
     state.save()  # the verdict is on disk before the cleanup, which may fail
@@ -239,35 +247,46 @@ def evaluate_sample(sample_dir: Path) -> None:
 
 
 def _verify(state: SampleState, out: Path) -> None:
-    spec = state.task.evaluator
     try:
         before, after = workspace_snapshots(out)
     except WorkspaceTooLarge as e:  # the agent made them (the start was snapshotted): nothing to verify on
         state.evaluation = asdict(Evaluation(0.0, f"[polar] {e}: reward 0"))
         return
+    _verify_on(state, state.task, before, after, out, changed_files(before, after))
+
+
+def _verify_on(state: SampleState, task: TaskSpec, before: dict[str, str], after: dict[str, str], where: Path,
+               changed: dict[str, list[str]]) -> None:
+    """`task`'s verifier on the ground built from the sample's workspace now (`before`/`after`: its snapshots,
+    polar/tasks/verify.py), in a fresh sandbox, its output in `where`; sets the evaluation, or the failure."""
+    out, spec = state.out, task.evaluator
     summary = {"sample_id": state.sample_id, "group_id": state.group_id, "adapter": state.adapter,
-               "exit_code": state.exit_code, "timed_out": state.timed_out, "task_id": state.task.task_id,
-               "files_changed": changed_files(before, after)}
-    problem = check_verifier(state.task, state.runtime, out / "verifier-check")
+               "exit_code": state.exit_code, "timed_out": state.timed_out, "task_id": task.task_id,
+               "files_changed": changed}
+    problem = check_verifier(task, state.runtime, out / "verifier-check")
     if problem is not None:  # the reward below would be a default 0, not the workspace's score
         state.evaluation = {"reward": None, "output": problem.output, "detail": problem.reason}
         state.fail("evaluator", f"the task's verifier produces no reward on the untouched workspace: "
                                 f"{problem.reason}")
         return
-    ground = prepare_verify(state.task, out, before, after, state.disk_mb)
+    ground = prepare_verify(task, out, before, after, state.disk_mb)
     state.tampered, state.suspicious = list(ground.tampered), list(ground.suspicious)
-    sandbox = get_runtime(state.runtime, limits=state.task.sandbox_limits()).prepare(
-        ground.mounts, image=state.task.image, instance=f"polar-verify-{state.sample_id[:33]}-{uuid.uuid4().hex[:6]}")
+    sandbox = get_runtime(state.runtime, limits=task.sandbox_limits()).prepare(
+        ground.mounts, image=task.image, instance=f"polar-verify-{state.sample_id[:33]}-{uuid.uuid4().hex[:6]}")
     state.verify_instance = sandbox.name
+    state.cleaned["verify_sandbox"] = False
     state.save()  # stopped by cleanup even if this process dies now
     try:
-        result = evaluate(spec, sandbox, ground.mounts, out, summary, min(spec.timeout_s, _session_left(state)),
-                          state.task.reward_range)
+        result = evaluate(spec, sandbox, ground.mounts, where, summary, min(spec.timeout_s, state.session_left()),
+                          task.reward_range)
         state.evaluation = asdict(result)
         state.suspicious += [f"observer: {flag}" for flag in result.flagged]
     except EvaluatorCrash as e:
         state.evaluation = {"reward": None, "output": e.output, "detail": str(e)}
         state.fail("evaluator", str(e))
+    if state.task.steps:  # a step's verifier: the next step's verifies in a sandbox of its own
+        sandbox.stop()
+        state.cleaned["verify_sandbox"] = True
 
 
 def postrun_sample(sample_dir: Path) -> SampleResult:
@@ -283,9 +302,10 @@ def postrun_sample(sample_dir: Path) -> SampleResult:
              "metadata": {**state.task.metadata, "sample_id": state.sample_id, "task_id": state.task.task_id,
                           "exit_code": state.exit_code, "runtime": state.runtime, "tampered": state.tampered,
                           "suspicious": state.suspicious, **_named_rewards(state),
+                          **({"steps": step_results(state)} if state.task.steps else {}),
                           **({"artifacts": state.artifacts} if state.artifacts else {})}}
     entry["metadata"] = printable(entry["metadata"])  # names and keys the agent chose: never a failed build
-    parquet, build_error = _build(out, files, entry, state.strategy)
+    parquet, build_error = _build(out, files, _entries(state, entry), state.strategy)
     status, failure, reason, reward = after_build(status, failure, reason, reward, build_error)
     from polar_traj.outcomes import parse_entry, resolve  # lazy: numpy and the trajectory builder
 
@@ -297,7 +317,8 @@ def postrun_sample(sample_dir: Path) -> SampleResult:
         state.sample_id, state.task.task_id, state.group_id, state.adapter, resolved.status,
         resolved.failure, reason, resolved.reward, 1.0 if resolved.trainable else 0.0, state.exit_code,
         evaluation.get("output", ""), state.timings, str(parquet) if parquet else None,
-        [str(f) for f in files], state.node, state.runtime, count_calls(files), state.tampered, state.suspicious)
+        [str(f) for f in files], state.node, state.runtime, count_calls(files), state.tampered, state.suspicious,
+        step_results(state))
     state.save()
     atomic.write_text(out / RESULT, json.dumps(result.to_dict(), indent=2))
     return result
@@ -348,15 +369,9 @@ def cleanup_sample(sample_dir: Path, disks: bool = True) -> None:
 
 
 def _cleanup(state: SampleState, disks: bool = True) -> None:
-    done, sessions = state.cleaned, state.proxy.sessions
-    if state.session and sessions != "open" and not done.get("session"):
-        try:
-            from polar_mitm.sessions.registry import unregister_session  # lazy: it brings aiohttp (0.3 s)
-
-            unregister_session(sessions, state.session.token)
-        except Exception as e:  # noqa: BLE001
-            state.cleanup_errors.append(f"unregister session: {e}")
-        done["session"] = True
+    done = state.cleaned
+    for key, session in _sessions(state):
+        _end_session(state, key, session)
     for key, mounts, instance in (("sandbox", state.mounts, state.instance),
                                   ("verify_sandbox", state.verify_mounts, state.verify_instance)):
         if instance and not done.get(key):
@@ -375,6 +390,24 @@ def _cleanup(state: SampleState, disks: bool = True) -> None:
         except Exception as e:  # noqa: BLE001
             state.cleanup_errors.append(f"unmount disks: {e}")
         done["disks"] = True
+
+
+def _sessions(state: SampleState) -> list[tuple[str, Session]]:
+    """(cleanup key, session): the sample's one, or each of its steps'."""
+    return [("session", state.session)] if state.session else list(step_sessions(state))
+
+
+def _end_session(state: SampleState, key: str, session: Session) -> None:
+    """Unregister the session (its token stops working), once."""
+    if state.proxy.sessions == "open" or state.cleaned.get(key):
+        return
+    try:
+        from polar_mitm.sessions.registry import unregister_session  # lazy: it brings aiohttp (0.3 s)
+
+        unregister_session(state.proxy.sessions, session.token)
+    except Exception as e:  # noqa: BLE001
+        state.cleanup_errors.append(f"unregister session: {e}")
+    state.cleaned[key] = True
 
 
 def host_cpu_s() -> float:
@@ -410,16 +443,28 @@ def _engine_unreachable(files: list[Path]) -> str | None:
 
 
 def _captures(state: SampleState) -> list[Path]:
-    if not state.session:
-        return []
-    return capture_files(state.proxy, False, state.session, state.out)
+    return [f for _key, session in _sessions(state) for f in capture_files(state.proxy, False, session, state.out)]
 
 
-def _build(out: Path, files: list[Path], entry: dict[str, Any], strategy: str) -> tuple[Path | None, str | None]:
+def _entries(state: SampleState, entry: dict[str, Any]) -> list[dict[str, Any]]:
+    """The outcome entry of each session: the sample's, or one per step, whose rows carry the step, its number
+    and its reward (the rows' own reward is the sample's)."""
+    if not state.task.steps:
+        return [entry]
+    out = []
+    for i, ((_key, session), result) in enumerate(zip(step_sessions(state), step_results(state))):
+        metadata = {**entry["metadata"], "step": result["name"], "step_index": i + 1,
+                    "step_reward": result["reward"]}
+        out.append({**entry, "session_id": session.session_id, "metadata": metadata})
+    return out
+
+
+def _build(out: Path, files: list[Path], entries: list[dict[str, Any]], strategy: str
+           ) -> tuple[Path | None, str | None]:
     if not files:
         return None, None
     target = out / "trajectories.parquet"
-    built, error = build_trajectories(files, target, [entry], strategy=strategy)
+    built, error = build_trajectories(files, target, entries, whole_dir=len(entries) > 1, strategy=strategy)
     return (target, None) if built is not None else (None, error)
 
 

@@ -184,18 +184,29 @@ class HarnessSetup:
 def render_harness(setup: HarnessSetup, mounts: Mounts, session: Session, endpoint: Endpoint, out: Path) -> Rendered:
     """The harness's argv, environment and config files (written), harness.json (token redacted) and the
     workspace snapshot the run's changes are measured against."""
-    (mounts.home / ".tmp").mkdir(exist_ok=True)
+    rendered = harness_for(setup, mounts, session, endpoint)
+    write_harness(rendered, mounts, session, setup.runtime, setup.way_in, out)
+    return rendered
+
+
+def harness_for(setup: HarnessSetup, mounts: Mounts, session: Session, endpoint: Endpoint) -> Rendered:
+    """The harness's argv, environment and config files (sandbox paths), nothing written yet."""
     values = RunValues(setup.instruction, setup.model, mounts.home, mounts.cwd,
                        session.session_id, session.token, setup.way_in)
-    rendered = render(setup.adapter, values, endpoint, list(setup.tools_bin))
+    return render(setup.adapter, values, endpoint, list(setup.tools_bin))
+
+
+def write_harness(rendered: Rendered, mounts: Mounts, session: Session, runtime: str, way_in: str, out: Path) -> None:
+    """The rendered config files written beneath the sample's HOME and workspace, harness.json (token redacted) in
+    `out`, then the workspace snapshot the run's changes are measured against."""
+    (mounts.home / ".tmp").mkdir(exist_ok=True)
     write_files({_on_host(path, mounts): text for path, text in rendered.files.items()},
                 (mounts.home, mounts.workspace))
     (out / "harness.json").write_text(json.dumps({
         "argv": list(rendered.argv), "env": redact(rendered.env, session.token),
-        "files": [str(p) for p in rendered.files], "runtime": setup.runtime, "via": setup.way_in,
+        "files": [str(p) for p in rendered.files], "runtime": runtime, "via": way_in,
     }, indent=2))
     snapshot_workspace(mounts, out)
-    return rendered
 
 
 def snapshot_workspace(mounts: Mounts, out: Path) -> None:
@@ -227,12 +238,17 @@ def prepare_harness(setup: HarnessSetup, sandbox: Sandbox, mounts: Mounts, sessi
                     out: Path, workspace: Path | None) -> Rendered:
     """What `polar run` and a sample both do before the harness starts: the starting workspace (a directory or
     a .tar.gz) copied in, the proxy's CA shared, the harness's files rendered."""
+    copy_workspace(sandbox, mounts, workspace)
+    return render_harness(setup, mounts, session, write_ca(proxy, mounts.shared), out)
+
+
+def copy_workspace(sandbox: Sandbox, mounts: Mounts, workspace: Path | None) -> None:
+    """The task's starting workspace (a directory or a .tar.gz; none: empty) into the sample's."""
     if workspace is not None and workspace.is_dir():
         sandbox.copy_in(workspace, mounts.workspace)
     elif workspace is not None:
         with tarfile.open(workspace, "r:gz") as tar:
             tar.extractall(mounts.workspace, filter="data")
-    return render_harness(setup, mounts, session, write_ca(proxy, mounts.shared), out)
 
 
 def exec_harness(sandbox: Sandbox, argv: list[str], env: dict[str, str], mounts: Mounts, proxy: ProxyHandle,

@@ -6,6 +6,7 @@ written before a field existed reads with that field's default."""
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
@@ -63,6 +64,9 @@ class SampleState:
     strategy: str = "prefix_merge"  # how postrun builds the trajectories (SampleConfig.strategy)
     disk_mb: int | None = None  # the disk quota in force (polar/sandbox/quota.py); None: none
     artifacts: list[str] = field(default_factory=list)  # the task's artifacts kept in <out>/artifacts
+    # A multi-step task's steps as they run (polar/run/multistep.py): name, session, rendered harness (argv, env,
+    # files), then exit_code, timed_out, evaluation, stopped (why the steps after it did not run)
+    steps: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def mounts(self) -> Mounts:
@@ -72,6 +76,10 @@ class SampleState:
     def verify_mounts(self) -> Mounts:
         root = self.out / "verify"
         return Mounts(root / "home", root / "workspace", root / "shared", workdir=self.task.workdir)
+
+    def session_left(self) -> float:
+        """Seconds left of the sample's session budget (at least 1)."""
+        return max(1.0, self.task.session_timeout_s - (time.time() - self.started_at))
 
     def fail(self, stage: Stage, reason: str, failure: Failure = "infrastructure") -> None:
         """Record the first failure of the sample (later ones do not overwrite it)."""

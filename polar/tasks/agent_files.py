@@ -1,7 +1,8 @@
 """How the host touches paths the agent shaped (DESIGN.md §10): read a file one directory at a time by
 descriptor, never through a symlink, regular files only, size-capped (`read_beneath`); match workspace globs
-(`matches_any`); make room at a path without writing through an agent's link (`clear_path`). Used by the
-verify ground, the allowlist, the suspicious-change scan and the evaluators."""
+(`matches_any`); make room at a path without writing through an agent's link (`clear_path`); put a task's file
+into a workspace the agent's processes may still be changing (`put_beneath`). Used by the verify ground, the
+allowlist, the suspicious-change scan, the evaluators and multi-step tasks."""
 from __future__ import annotations
 
 import os
@@ -92,3 +93,59 @@ def clear_path(workspace: Path, rel: str) -> None:
         shutil.rmtree(target)
     elif target.exists() or target.is_symlink():
         target.unlink()
+
+
+def put_beneath(root: Path, rel: str, src: Path) -> None:
+    """Copy the host's file (or link) `src` to root/rel while the agent's processes may be changing root: every
+    folder on the way is opened by descriptor without following a link (a link, file or anything else there is
+    replaced by a folder), whatever is at rel is removed, and the file is created there exclusively. So nothing is
+    written through a link of the agent's, even one it makes while this runs; at worst a folder the agent moves
+    meanwhile gets the file, inside its own workspace."""
+    parts = Path(rel).parts
+    if not parts or Path(rel).is_absolute() or ".." in parts:
+        raise ValueError(f"{rel!r}: not a path inside the workspace")
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        for part in parts[:-1]:
+            fd = _descend(fd, part)
+        _remove_at(fd, parts[-1])
+        if src.is_symlink():
+            os.symlink(os.readlink(src), parts[-1], dir_fd=fd)
+            return
+        mode = 0o755 if os.stat(src).st_mode & 0o100 else 0o644
+        out = os.open(parts[-1], os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=fd)
+        with open(src, "rb") as fin, os.fdopen(out, "wb") as fout:
+            shutil.copyfileobj(fin, fout)
+    finally:
+        os.close(fd)
+
+
+def _descend(fd: int, name: str) -> int:
+    """The folder `name` in the folder `fd` (a real one: made, or put in place of what is there); `fd` is closed
+    once it is open."""
+    for _ in range(8):  # the agent may swap it between two calls; it cannot keep doing so for long
+        try:
+            child = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+        except FileNotFoundError:
+            pass
+        except OSError:  # ELOOP, ENOTDIR: a link or a file where the folder goes
+            _remove_at(fd, name)
+        else:
+            os.close(fd)
+            return child
+        try:
+            os.mkdir(name, 0o755, dir_fd=fd)
+        except FileExistsError:
+            pass
+    raise OSError(f"{name}: could not make a folder there (it kept changing)")
+
+
+def _remove_at(fd: int, name: str) -> None:
+    try:
+        st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(st.st_mode):
+        shutil.rmtree(name, dir_fd=fd)
+    else:
+        os.unlink(name, dir_fd=fd)

@@ -8,9 +8,13 @@ read as Harbor reads them into our TaskSpec.
                   internet: a task that asks for it is refused unless the batch runs it offline), healthcheck
                   (a shell line, or {command, timeout_sec}); artifacts (workdir paths kept in the sample folder);
                   [metadata] (carried into the trajectory table). `user` is accepted and mapped onto the
-                  unprivileged polar-sandbox user (no sample process is root). Multi-step tasks (`steps`) are
-                  refused with one line. Other keys are Harbor's and are left alone.
-  instruction.md  the instruction, as the harness gets it
+                  unprivileged polar-sandbox user (no sample process is root). Multi-step tasks: [[steps]] (name,
+                  min_reward, [steps.agent] timeout_sec, user, [steps.verifier] timeout_sec, env, user,
+                  healthcheck) and multi_step_reward_strategy (mean | final), polar/tasks/steps.py. Other keys
+                  are Harbor's and are left alone.
+  instruction.md  the instruction, as the harness gets it (a multi-step task's: steps/<name>/instruction.md)
+  steps/<name>/   a multi-step task's step: instruction.md; tests/ (over the task's tests/), solution/solve.sh,
+                  workdir/ (files put into the workspace before the step; its setup.sh runs there instead)
   environment/    Dockerfile (built by the container engine, polar/sandbox/docker.py) unless task.toml names a
                   prebuilt docker_image; neither: the default image (`host`). The agent works in the image's
                   workdir (task.toml's, else the image's WORKDIR), writable, seeded from the image's own files
@@ -41,8 +45,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping, Sequence
 
-from polar.tasks.task import (HEALTHCHECK_TIMEOUT_S, LOGS_AT, SESSION_MARGIN_S, SOLUTION_AT, TESTS_AT, EvaluatorSpec,
-                              Submit, TaskError, TaskSpec)
+from polar.tasks.task import (HEALTHCHECK_TIMEOUT_S, LOGS_AT, SESSION_MARGIN_S, SOLUTION_AT, STEP_STRATEGIES, TESTS_AT,
+                              EvaluatorSpec, StepSpec, Submit, TaskError, TaskSpec)
 from polar.tasks.agent_files import AgentFileError, read_beneath
 from polar.tasks.roots import inside, outside, tasks_roots
 from polar_traj.records import check_id
@@ -56,6 +60,8 @@ POLAR_PATHS = (TESTS_AT, LOGS_AT, SOLUTION_AT, "/.polar", "/proc", "/dev", "/tmp
 DEFAULT_TIMEOUT_S = 600.0  # Harbor's default for the agent and for the verifier
 TEST_COMMAND = ("bash", f"{TESTS_AT}/test.sh")
 MIN_MEMORY_MB = 16  # polar/sandbox/limits.py's floor
+SETUP_SCRIPT = "setup.sh"  # a step's workdir/setup.sh: Harbor's setup hook
+SETUP_LIMIT = 100_000  # characters: it is passed to bash -c (one argument)
 _MEMORY = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]?)B?", re.I)
 
 
@@ -105,32 +111,32 @@ def load_harbor_task(task_dir: Path, roots: Sequence[Path] | None = None) -> Tas
     if version.split(".")[0] not in KNOWN_MAJORS:
         print(UNKNOWN_VERSION.format(file=toml_file, version=version, known="/".join(KNOWN_MAJORS)),
               file=sys.stderr, flush=True)
-    if "steps" in config:
-        raise fail("steps", "multi-step tasks are not supported yet: give each step its own task directory")
     agent, verifier, env = (_table(config, k, fail) for k in ("agent", "verifier", "environment"))
     for table, key in ((agent, "agent.user"), (verifier, "verifier.user")):  # mapped onto polar-sandbox
-        user = table.get("user")
-        if user is not None and (isinstance(user, bool) or not isinstance(user, (str, int))):
-            raise fail(key, f"expected a user name or id, got {user!r}")
+        _user(table, key, fail)
     metadata = _table(config, "metadata", fail)
     try:
         task_id = check_id(task_dir.name, "task_id")
     except ValueError as e:
         raise TaskError(f"{task_dir}: task_id: the directory's name is the task id: {e}") from e
-    instruction_file = task_dir / "instruction.md"
-    try:
-        instruction = instruction_file.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise TaskError(f"{instruction_file}: instruction: missing (a Harbor task needs instruction.md)") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise TaskError(f"{instruction_file}: instruction: cannot read: {e}") from e
-    if not instruction.strip():
-        raise TaskError(f"{instruction_file}: instruction: empty")
-    tests = task_dir / "tests"
-    if not (tests / "test.sh").is_file():
-        raise TaskError(f"{tests / 'test.sh'}: tests: missing (the verifier Harbor runs)")
     timeout = _seconds(agent.get("timeout_sec", DEFAULT_TIMEOUT_S), "agent.timeout_sec", fail)
     verify_timeout = _seconds(verifier.get("timeout_sec", DEFAULT_TIMEOUT_S), "verifier.timeout_sec", fail)
+    verifier_env = _env(verifier, "verifier.env", fail)
+    tests = task_dir / "tests"
+    steps = _steps(task_dir, config, timeout, verify_timeout, verifier_env, fail, roots) if "steps" in config else ()
+    if steps:  # the root instruction.md is never the agent's; each step's test.sh may stand in for the task's
+        instruction = steps[0].instruction
+        if not (tests / "test.sh").is_file() and not all(s.tests and (s.tests / "test.sh").is_file() for s in steps):
+            raise TaskError(f"{tests / 'test.sh'}: tests: missing, and not every step has steps/<name>/tests/test.sh")
+        timeout = sum(s.timeout_s for s in steps)
+        verify_timeout = sum(s.verify_timeout_s for s in steps)
+    else:
+        instruction = _instruction(task_dir / "instruction.md")
+        if not (tests / "test.sh").is_file():
+            raise TaskError(f"{tests / 'test.sh'}: tests: missing (the verifier Harbor runs)")
+    strategy = config.get("multi_step_reward_strategy", "mean")
+    if strategy not in STEP_STRATEGIES:
+        raise fail("multi_step_reward_strategy", f"expected one of {', '.join(STEP_STRATEGIES)}, got {strategy!r}")
     workspace = task_dir / "environment" / "workspace"
     cpus = None if env.get("cpus") is None else _positive(env["cpus"], "environment.cpus", fail)
     memory = _memory(env, fail)
@@ -144,13 +150,97 @@ def load_harbor_task(task_dir: Path, roots: Sequence[Path] | None = None) -> Tas
                                            **harbor}}
     return TaskSpec(task_id, instruction, workspace.resolve() if workspace.is_dir() else None,
                     _image(task_dir, env, fail), None,
-                    EvaluatorSpec("harbor", command=" ".join(TEST_COMMAND), timeout_s=verify_timeout,
-                                  env=_env(verifier, "verifier.env", fail)),
-                    timeout, timeout + verify_timeout + SESSION_MARGIN_S, MappingProxyType(meta), tests.resolve(),
+                    EvaluatorSpec("harbor", command=" ".join(TEST_COMMAND),
+                                  timeout_s=steps[-1].verify_timeout_s if steps else verify_timeout, env=verifier_env),
+                    timeout, timeout + verify_timeout + SESSION_MARGIN_S, MappingProxyType(meta),
+                    tests.resolve() if tests.is_dir() else None,
                     memory_mb=memory, cpus=cpus, submit=_submit(_table(config, "polar", fail), fail),
                     workdir=workdir, env=_env(env, "environment.env", fail), storage_mb=storage,
                     wants_internet=_wants_internet(env, fail), healthcheck=check, healthcheck_timeout_s=check_timeout,
-                    artifacts=_artifacts(config.get("artifacts", env.get("artifacts")), workdir, fail))
+                    artifacts=_artifacts(config.get("artifacts", env.get("artifacts")), workdir, fail),
+                    steps=steps, step_reward=strategy)
+
+
+def _instruction(path: Path) -> str:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise TaskError(f"{path}: instruction: missing (a Harbor task needs instruction.md)") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise TaskError(f"{path}: instruction: cannot read: {e}") from e
+    if not text.strip():
+        raise TaskError(f"{path}: instruction: empty")
+    return text
+
+
+def _user(table: Mapping[str, Any], key: str, fail: Any) -> None:
+    """A Harbor `user`: accepted as a name or id, and mapped onto polar-sandbox (no sample process is root)."""
+    user = table.get("user")
+    if user is not None and (isinstance(user, bool) or not isinstance(user, (str, int))):
+        raise fail(key, f"expected a user name or id, got {user!r}")
+
+
+def _steps(task_dir: Path, config: Mapping[str, Any], timeout: float, verify_timeout: float,
+           verifier_env: Mapping[str, str], fail: Any, roots: Sequence[Path]) -> tuple[StepSpec, ...]:
+    """[[steps]] and their folders steps/<name>/ (instruction.md; tests/, solution/solve.sh, workdir/ with its
+    setup.sh, each optional). A step's [steps.agent] and [steps.verifier] fall back to the task's."""
+    tables = config["steps"]
+    if not isinstance(tables, list) or not tables or not all(isinstance(t, dict) for t in tables):
+        raise fail("steps", "expected one or more [[steps]] tables")
+    steps, seen = [], set()
+    for i, table in enumerate(tables):
+        where = f"steps[{i}]"
+        name = table.get("name")
+        try:
+            check_id(name, "the step's name")  # type: ignore[arg-type]
+        except ValueError as e:
+            raise fail(f"{where}.name", str(e)) from None
+        if name in seen:
+            raise fail(f"{where}.name", f"{name!r} is the name of an earlier step")
+        seen.add(name)
+        folder = confine(task_dir, f"steps/{name}", roots)
+        for rel in ("instruction.md", "tests", "solution", "workdir", "workdir/setup.sh"):
+            confine(task_dir, f"steps/{name}/{rel}", roots)
+        if not folder.is_dir():
+            raise TaskError(f"{folder}: {where}: the step's folder is missing (steps/<name>/instruction.md)")
+        agent, verifier = _table(table, "agent", fail), _table(table, "verifier", fail)
+        _user(agent, f"{where}.agent.user", fail)
+        _user(verifier, f"{where}.verifier.user", fail)
+        check, check_timeout = _healthcheck(table, fail, f"{where}.healthcheck")
+        files, tests, solve = folder / "workdir", folder / "tests", folder / "solution" / "solve.sh"
+        steps.append(StepSpec(
+            name, _instruction(folder / "instruction.md"),
+            _seconds(agent.get("timeout_sec", timeout), f"{where}.agent.timeout_sec", fail),
+            _seconds(verifier.get("timeout_sec", verify_timeout), f"{where}.verifier.timeout_sec", fail),
+            MappingProxyType({**verifier_env, **_env(verifier, f"{where}.verifier.env", fail)}),
+            files.resolve() if files.is_dir() else None, _setup(files / SETUP_SCRIPT),
+            tests.resolve() if tests.is_dir() else None, solve.resolve() if solve.is_file() else None,
+            _min_reward(table.get("min_reward"), f"{where}.min_reward", fail), check, check_timeout))
+    return tuple(steps)
+
+
+def _setup(path: Path) -> str | None:
+    """A step's workdir/setup.sh, as text: it runs before the step's agent and is not copied into the workspace."""
+    if not path.is_file():
+        return None
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise TaskError(f"{path}: setup: cannot read: {e}") from e
+    if len(text) > SETUP_LIMIT:
+        raise TaskError(f"{path}: setup: {len(text)} characters, more than {SETUP_LIMIT}: ship its data as "
+                        "workdir files and keep setup.sh a script")
+    return text
+
+
+def _min_reward(value: Any, key: str, fail: Any) -> float | MappingProxyType | None:
+    """A floor on the step's reward (a number) or on its named rewards (a table of numbers)."""
+    number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)  # noqa: E731
+    if value is None or number(value):
+        return None if value is None else float(value)
+    if isinstance(value, dict) and value and all(number(v) for v in value.values()):
+        return MappingProxyType({str(k): float(v) for k, v in value.items()})
+    raise fail(key, f"expected a number or a table of named rewards, got {value!r}")
 
 
 def _workdir(env: Mapping[str, Any], fail: Any) -> str | None:
@@ -202,19 +292,20 @@ def _gpus(env: Mapping[str, Any], fail: Any) -> None:
         raise fail("environment.gpus", f"the task asks for {gpus} GPU(s); this node has {here} (run it on a GPU node)")
 
 
-def _healthcheck(env: Mapping[str, Any], fail: Any) -> tuple[str | None, float]:
-    """[environment] healthcheck: a shell line (or an argv list), or {command, timeout_sec}."""
+def _healthcheck(env: Mapping[str, Any], fail: Any, key: str = "environment.healthcheck"
+                 ) -> tuple[str | None, float]:
+    """[environment] healthcheck (or a step's): a shell line (or an argv list), or {command, timeout_sec}."""
     check, timeout = env.get("healthcheck"), HEALTHCHECK_TIMEOUT_S
     if isinstance(check, dict):
         if check.get("timeout_sec") is not None:
-            timeout = _seconds(check["timeout_sec"], "environment.healthcheck.timeout_sec", fail)
+            timeout = _seconds(check["timeout_sec"], f"{key}.timeout_sec", fail)
         check = check.get("command", check.get("cmd"))
     if check is None:
         return None, timeout
     if isinstance(check, list) and all(isinstance(a, str) for a in check):
         check = " ".join(check)
     if not isinstance(check, str) or not check.strip():
-        raise fail("environment.healthcheck", f"expected a shell line or {{command = ...}}, got {check!r}")
+        raise fail(key, f"expected a shell line or {{command = ...}}, got {check!r}")
     return check, timeout
 
 

@@ -70,6 +70,46 @@ class EvaluatorSpec:
                       "pytest": tuple(data.get("pytest") or ()), "env": MappingProxyType(dict(data.get("env") or {}))})
 
 
+STEP_STRATEGIES = ("mean", "final")  # a multi-step task's reward: Harbor's multi_step_reward_strategy
+
+
+@dataclass(frozen=True)
+class StepSpec:
+    """One step of a multi-step Harbor task (polar/tasks/steps.py): its own instruction, agent budget, files and
+    setup hook, tests over the task's, and a reward floor below which the steps after it do not run."""
+
+    name: str
+    instruction: str
+    timeout_s: float  # the agent's budget for this step
+    verify_timeout_s: float
+    verifier_env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    files: Path | None = None  # steps/<name>/workdir/: copied into the workspace before the step (not setup.sh)
+    setup: str | None = None  # workdir/setup.sh's text: run in the agent's sandbox, in the workdir, before it
+    tests: Path | None = None  # steps/<name>/tests/: staged over the task's tests/ for this step's verifier
+    solution: Path | None = None  # steps/<name>/solution/solve.sh, for --oracle
+    min_reward: float | Mapping[str, float] | None = None  # a floor on the reward, or on named rewards
+    healthcheck: str | None = None  # run before this step's agent, as the task's healthcheck
+    healthcheck_timeout_s: float = HEALTHCHECK_TIMEOUT_S
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "instruction": self.instruction, "timeout_s": self.timeout_s,
+                "verify_timeout_s": self.verify_timeout_s, "verifier_env": dict(self.verifier_env),
+                "files": str(self.files) if self.files else None, "setup": self.setup,
+                "tests": str(self.tests) if self.tests else None,
+                "solution": str(self.solution) if self.solution else None,
+                "min_reward": dict(self.min_reward) if isinstance(self.min_reward, Mapping) else self.min_reward,
+                "healthcheck": self.healthcheck, "healthcheck_timeout_s": self.healthcheck_timeout_s}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> StepSpec:
+        path = lambda key: Path(data[key]) if data.get(key) else None  # noqa: E731
+        floor = data.get("min_reward")
+        return cls(data["name"], data["instruction"], float(data["timeout_s"]), float(data["verify_timeout_s"]),
+                   MappingProxyType(dict(data.get("verifier_env") or {})), path("files"), data.get("setup"),
+                   path("tests"), path("solution"), MappingProxyType(dict(floor)) if isinstance(floor, dict) else floor,
+                   data.get("healthcheck"), float(data.get("healthcheck_timeout_s") or HEALTHCHECK_TIMEOUT_S))
+
+
 @dataclass(frozen=True)
 class TaskSpec:
     task_id: str
@@ -97,6 +137,8 @@ class TaskSpec:
     healthcheck: str | None = None  # a shell line that must pass in the agent's sandbox before the agent starts
     healthcheck_timeout_s: float = HEALTHCHECK_TIMEOUT_S
     artifacts: tuple[str, ...] = ()  # workspace paths copied into the sample folder (artifacts/) after the run
+    steps: tuple[StepSpec, ...] = ()  # a multi-step task's steps, in order (polar/tasks/steps.py); () for one step
+    step_reward: str = "mean"  # a multi-step task's reward from its steps' (STEP_STRATEGIES)
 
     @property
     def allowed(self) -> Submit:
@@ -117,7 +159,8 @@ class TaskSpec:
                 "cpus": self.cpus, "submit": self.submit.to_dict() if self.submit else None, "workdir": self.workdir,
                 "env": dict(self.env), "storage_mb": self.storage_mb, "wants_internet": self.wants_internet,
                 "healthcheck": self.healthcheck, "healthcheck_timeout_s": self.healthcheck_timeout_s,
-                "artifacts": list(self.artifacts)}
+                "artifacts": list(self.artifacts), "steps": [step.to_dict() for step in self.steps],
+                "step_reward": self.step_reward}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TaskSpec:
@@ -132,4 +175,6 @@ class TaskSpec:
                    MappingProxyType(dict(data.get("env") or {})), data.get("storage_mb"),
                    bool(data.get("wants_internet")), data.get("healthcheck"),
                    float(data.get("healthcheck_timeout_s") or HEALTHCHECK_TIMEOUT_S),
-                   tuple(data.get("artifacts") or ()))
+                   tuple(data.get("artifacts") or ()),
+                   tuple(StepSpec.from_dict(step) for step in data.get("steps") or ()),
+                   data.get("step_reward") or "mean")

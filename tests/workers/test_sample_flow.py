@@ -34,3 +34,24 @@ def test_an_abandoned_capture_moves_with_its_shared_prefix(tmp_path: Path, monke
     assert json.loads((attempt / "ABANDONED.json").read_text())["captures"] == [str(moved)]
     assert not (captures / "t" / "s2.jsonl").exists() and list(read_capture(moved)) == records[1:]
     assert list(read_capture(captures / "t" / "s1.jsonl")) == records[:1]
+
+
+def test_an_abandoned_multi_step_attempt_moves_every_steps_capture(tmp_path: Path, monkeypatch):
+    """A multi-step task's sample has one session per step (polar/run/multistep.py): each capture moves."""
+    monkeypatch.setattr(polar.run.sample, "cleanup_sample", lambda attempt: None)
+    captures = tmp_path / "captures"
+    writer = CaptureWriter(captures, shared=True, fsync=False)
+    records = [first_call("a.s1"), first_call("a.s2"), first_call("other")]
+    for r in records:
+        writer.write(r)
+    attempt = tmp_path / "attempt-1"
+    attempt.mkdir()
+    steps = [{"name": n, "session": {"task_id": "t", "session_id": f"a.s{i + 1}", "token": "x"}}
+             for i, n in enumerate(["one", "two", "three"])]  # the third never ran: no capture
+    (attempt / "sample.json").write_text(json.dumps({"session": None, "steps": steps,
+                                                     "proxy": {"capture_dir": str(captures)}}))
+    abandon(attempt, ProxyHandle("127.0.0.1", 1, 2, tmp_path / "ca.pem", captures, "open"), "node lost", "node_lost")
+    moved = [attempt / "abandoned-captures" / "t" / f"a.s{n}.jsonl" for n in (1, 2)]
+    assert json.loads((attempt / "ABANDONED.json").read_text())["captures"] == [str(m) for m in moved]
+    assert [list(read_capture(m)) for m in moved] == [records[:1], records[1:2]]
+    assert list(read_capture(captures / "t" / "other.jsonl")) == records[2:]

@@ -155,7 +155,7 @@ def test_images_a_task_names(tmp_path):
     ({"task.toml": '[agent]\nuser = ["a"]\n'}, "task.toml", "agent.user: expected a user name or id"),
     ({"task.toml": 'artifacts = ["/etc/passwd"]\n[environment]\nworkdir = "/app"\n'}, "task.toml",
      "artifacts: /etc/passwd: only paths in the workdir (/app) can be kept"),
-    ({"task.toml": '[[steps]]\ninstruction = "a"\n'}, "task.toml", "steps: multi-step tasks are not supported"),
+    ({"task.toml": '[[steps]]\ninstruction = "a"\n'}, "task.toml", "steps[0].name: the step's name None is not"),
     ({"task.toml": "[agent\n"}, "task.toml", "toml: "),
     ({"task.toml": 'agent = "fast"\n'}, "task.toml", "agent: expected a table [agent]"),
     ({"task.toml": '[environment]\nmemory = "lots"\n'}, "task.toml", "environment.memory: expected a size"),
