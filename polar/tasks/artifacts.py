@@ -13,24 +13,26 @@ from polar.sandbox.identity import copy_without_privileges
 ARTIFACT_LIMIT = 64 << 20
 
 
-def keep_artifacts(workspace: Path, paths: Sequence[str], dest: Path) -> list[str]:
-    """Copy each workspace path that exists into `dest`; the ones kept, or why one was not."""
+def keep_artifacts(workspace: Path, paths: Sequence[tuple[str, str]], dest: Path) -> list[str]:
+    """Copy each (workspace path, name) that exists to dest/name (`.`: the whole workspace); the ones kept
+    (`path`, or `path -> name`), or why one was not."""
     kept, budget = [], ARTIFACT_LIMIT
-    for rel in paths:
-        src = workspace / rel
+    for rel, name in paths:
+        shown = rel if rel == name else f"{rel} -> {name}"
+        src = workspace / rel if rel != "." else workspace
         if _linked_parent(workspace, rel):
-            kept.append(f"{rel}: not kept (a link on its way)")
+            kept.append(f"{shown}: not kept (a link on its way)")
             continue
         if not os.path.lexists(src):
-            kept.append(f"{rel}: not there")
+            kept.append(f"{shown}: not there")
             continue
         size = _size(src)
         if size > budget:
-            kept.append(f"{rel}: not kept ({size} bytes; {ARTIFACT_LIMIT} in all)")
+            kept.append(f"{shown}: not kept ({size} bytes; {ARTIFACT_LIMIT} in all)")
             continue
         budget -= size
-        copy_without_privileges(src, dest / rel)
-        kept.append(rel)
+        copy_without_privileges(src, dest / name)
+        kept.append(shown)
     return kept
 
 

@@ -6,7 +6,8 @@ read as Harbor reads them into our TaskSpec.
                   [environment] docker_image, workdir, env, cpus, memory_mb (or 1.0's memory = "2G"), storage_mb,
                   gpus (refused on a node without them), allow_internet / network_mode (no sample gets the
                   internet: a task that asks for it is refused unless the batch runs it offline), healthcheck
-                  (a shell line, or {command, timeout_sec}); artifacts (workdir paths kept in the sample folder);
+                  (a shell line, or {command, timeout_sec}); artifacts (workdir paths, or {source, destination}, kept in
+                  the sample folder);
                   [metadata] (carried into the trajectory table). `user` is accepted and mapped onto the
                   unprivileged polar-sandbox user (no sample process is root). Multi-step tasks: [[steps]] (name,
                   min_reward, [steps.agent] timeout_sec, user, [steps.verifier] timeout_sec, env, user,
@@ -309,22 +310,34 @@ def _healthcheck(env: Mapping[str, Any], fail: Any, key: str = "environment.heal
     return check, timeout
 
 
-def _artifacts(value: Any, workdir: str | None, fail: Any) -> tuple[str, ...]:
-    """Paths kept after the run: relative to the workspace, or absolute under the workdir."""
+def _artifacts(value: Any, workdir: str | None, fail: Any) -> tuple[tuple[str, str], ...]:
+    """(path kept, its name under the sample's artifacts/): a path relative to the workspace or absolute under the
+    workdir, or Harbor's {source = PATH, destination = NAME} (source may then be the whole workdir)."""
     if value is None:
         return ()
-    if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
+    if not isinstance(value, list):
         raise fail("artifacts", f"expected a list of paths, got {value!r}")
     out = []
     for v in value:
-        rel = v
-        if v.startswith("/"):
-            if not workdir or not (v + "/").startswith(workdir.rstrip("/") + "/"):
-                raise fail("artifacts", f"{v}: only paths in the workdir ({workdir or 'none'}) can be kept")
-            rel = os.path.relpath(v, workdir)
-        if rel == "." or ".." in Path(rel).parts:
-            raise fail("artifacts", f"{v}: expected a path inside the workdir")
-        out.append(rel)
+        source, name = (v.get("source"), v.get("destination")) if isinstance(v, dict) else (v, None)
+        if isinstance(v, dict) and set(v) - {"source", "destination"}:
+            raise fail("artifacts", f"{v}: Polar reads source and destination, not "
+                                    f"{', '.join(sorted(set(v) - {'source', 'destination'}))}")
+        if not isinstance(source, str) or not source.strip() or not isinstance(name, (str, type(None))):
+            raise fail("artifacts", f"expected a path or {{source = PATH, destination = NAME}}, got {v!r}")
+        rel = source
+        if source.startswith("/"):
+            if not workdir or not (source + "/").startswith(workdir.rstrip("/") + "/"):
+                raise fail("artifacts", f"{source}: only paths in the workdir ({workdir or 'none'}) can be kept")
+            rel = os.path.relpath(source, workdir)
+        name = os.path.normpath(name if name is not None else rel)
+        for path in (rel, name):
+            if ".." in Path(path).parts or path.startswith("/"):
+                raise fail("artifacts", f"{path}: expected a path inside the workdir")
+        if name == ".":
+            raise fail("artifacts", f"{source}: the whole workdir needs a destination name" if rel == "." else
+                       f"{source}: expected a destination name")
+        out.append((rel, name))
     return tuple(out)
 
 

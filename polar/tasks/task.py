@@ -136,7 +136,8 @@ class TaskSpec:
     wants_internet: bool = False  # the task asks for the internet, which no sample gets: refused unless allowed
     healthcheck: str | None = None  # a shell line that must pass in the agent's sandbox before the agent starts
     healthcheck_timeout_s: float = HEALTHCHECK_TIMEOUT_S
-    artifacts: tuple[str, ...] = ()  # workspace paths copied into the sample folder (artifacts/) after the run
+    # (workspace path, name under artifacts/): copied into the sample folder after the run (polar/tasks/artifacts.py)
+    artifacts: tuple[tuple[str, str], ...] = ()
     steps: tuple[StepSpec, ...] = ()  # a multi-step task's steps, in order (polar/tasks/steps.py); () for one step
     step_reward: str = "mean"  # a multi-step task's reward from its steps' (STEP_STRATEGIES)
 
@@ -159,7 +160,7 @@ class TaskSpec:
                 "cpus": self.cpus, "submit": self.submit.to_dict() if self.submit else None, "workdir": self.workdir,
                 "env": dict(self.env), "storage_mb": self.storage_mb, "wants_internet": self.wants_internet,
                 "healthcheck": self.healthcheck, "healthcheck_timeout_s": self.healthcheck_timeout_s,
-                "artifacts": list(self.artifacts), "steps": [step.to_dict() for step in self.steps],
+                "artifacts": [list(a) for a in self.artifacts], "steps": [step.to_dict() for step in self.steps],
                 "step_reward": self.step_reward}
 
     @classmethod
@@ -175,6 +176,6 @@ class TaskSpec:
                    MappingProxyType(dict(data.get("env") or {})), data.get("storage_mb"),
                    bool(data.get("wants_internet")), data.get("healthcheck"),
                    float(data.get("healthcheck_timeout_s") or HEALTHCHECK_TIMEOUT_S),
-                   tuple(data.get("artifacts") or ()),
+                   tuple((a, a) if isinstance(a, str) else (a[0], a[1]) for a in data.get("artifacts") or ()),
                    tuple(StepSpec.from_dict(step) for step in data.get("steps") or ()),
                    data.get("step_reward") or "mean")

@@ -78,7 +78,8 @@ def test_an_unknown_major_version_is_read_with_one_warning(tmp_path, capsys):
 
 
 HARBOR_KEYS = """version = "2.0"
-artifacts = ["/app/out.txt", "logs/run.log"]
+artifacts = ["/app/out.txt", "logs/run.log", { source = "/app", destination = "candidate" },
+             { source = "/app/a.json", destination = "kept/a.json" }]
 [agent]
 user = "agent"
 [verifier]
@@ -100,8 +101,8 @@ def test_every_harbor_key_is_read(tmp_path):
     assert (task.workdir, dict(task.env), task.storage_mb, task.wants_internet) == (
         "/app", {"GREETING": "hi", "DEBUG": "true"}, 512, False)
     assert dict(task.evaluator.env) == {"STRICT": "yes", "LEVEL": "3"}
-    assert (task.healthcheck, task.healthcheck_timeout_s, task.artifacts) == ("test -d /app", 5.0,
-                                                                              ("out.txt", "logs/run.log"))
+    assert (task.healthcheck, task.healthcheck_timeout_s, task.artifacts) == ("test -d /app", 5.0, (
+        ("out.txt", "out.txt"), ("logs/run.log", "logs/run.log"), (".", "candidate"), ("a.json", "kept/a.json")))
     assert task.metadata["harbor"]["storage_mb"] == 512
     assert type(task).from_dict(task.to_dict()) == task  # through sample.json and the manifest unchanged
     for asks in ("allow_internet = true", 'network_mode = "bridge"'):
@@ -155,6 +156,13 @@ def test_images_a_task_names(tmp_path):
     ({"task.toml": '[agent]\nuser = ["a"]\n'}, "task.toml", "agent.user: expected a user name or id"),
     ({"task.toml": 'artifacts = ["/etc/passwd"]\n[environment]\nworkdir = "/app"\n'}, "task.toml",
      "artifacts: /etc/passwd: only paths in the workdir (/app) can be kept"),
+    ({"task.toml": 'artifacts = [{ source = "/app" }]\n[environment]\nworkdir = "/app"\n'}, "task.toml",
+     "artifacts: /app: the whole workdir needs a destination name"),
+    ({"task.toml": 'artifacts = [{ source = "/app/x", destination = "../y" }]\n[environment]\nworkdir = "/app"\n'},
+     "task.toml", "artifacts: ../y: expected a path inside the workdir"),
+    ({"task.toml": 'artifacts = [{ source = "/app/x", exclude = ["*.o"] }]\n[environment]\nworkdir = "/app"\n'},
+     "task.toml", "artifacts: {'source': '/app/x', 'exclude': ['*.o']}: Polar reads source and destination, not "
+                  "exclude"),
     ({"task.toml": '[[steps]]\ninstruction = "a"\n'}, "task.toml", "steps[0].name: the step's name None is not"),
     ({"task.toml": "[agent\n"}, "task.toml", "toml: "),
     ({"task.toml": 'agent = "fast"\n'}, "task.toml", "agent: expected a table [agent]"),
