@@ -40,6 +40,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--reasoning-parser", default="auto", choices=["auto", *REASONING_PARSERS, "none"],
                    help="how the model writes reasoning: auto (default: think for <think>, mistral for [THINK], "
                         "harmony for gpt-oss), or a name, or none")
+    p.add_argument("--render", default="proxy", choices=["proxy", "engine"],
+                   help="who renders prompts and parses replies: proxy (default: the chat template here, history "
+                        "substituted, token-exact) or engine (the engine's chat API with token ids, vLLM >= 0.10.2: "
+                        "any model it serves, each call rendered in full; README: Models)")
     p.add_argument("--hosts", default="", help="extra provider hostnames to intercept, comma-separated")
     p.add_argument("--context-length", type=int, default=0, metavar="N",
                    help="prompt + output budget in tokens (default: the one the engine reports, else the model's "
@@ -250,7 +254,7 @@ async def _serve(args: argparse.Namespace, confdir: Path) -> int:
         polar_backend=args.backend, polar_engine=args.engine, polar_engine_placement=args.placement,
         polar_tokenizer=args.tokenizer,
         polar_capture_dir=args.capture_dir, polar_sessions=args.sessions, polar_hosts=args.hosts,
-        polar_tool_parser=args.tool_parser, polar_reasoning_parser=args.reasoning_parser,
+        polar_tool_parser=args.tool_parser, polar_reasoning_parser=args.reasoning_parser, polar_render=args.render,
         polar_context_length=args.context_length, polar_memory_budget=args.memory_budget,
         polar_status_file=args.status_file,
     )

@@ -27,6 +27,7 @@ from polar_mitm.capture import Capture, CaptureError
 from polar_mitm.conversation import Conversation, ProviderError
 from polar_mitm.engines.api import parse_engine
 from polar_mitm.engines.backends import parse_backends, parse_placement
+from polar_mitm.engines.chat import RENDERS
 from polar_mitm.engines.client import Timeouts
 from polar_mitm.engines.replicas import Engines
 from polar_mitm.gate.fence import Fence
@@ -142,6 +143,10 @@ class Router:
         loader.add_option("polar_status_file", str, "",
                           "JSON file rewritten every few seconds with this proxy's pid, RSS and session memory "
                           "(`polar status` shows it for a node's proxies); removed at a clean stop. Empty = none.")
+        loader.add_option("polar_render", str, "proxy",
+                          "Who renders prompts and parses replies: proxy (the model's chat template here, history "
+                          "substituted, token-exact) or engine (the engine's chat API with token ids: any model the "
+                          "engine supports; each call rendered in full, prefix_source rendered:engine).")
         loader.add_option("polar_history_check", str, "sampled",
                           "Compare substituted prompts with the chat template's own rendering and flag the "
                           "difference: sampled (a session's 1st, 2nd, 4th, 8th... substituted call), all, off.")
@@ -168,16 +173,28 @@ class Router:
                 raise OptionsError(f"polar_history_check: expected one of {', '.join(HISTORY_CHECKS)}, "
                                    f"got {opts.polar_history_check!r}")
             self.dispatch.options = replace(self.dispatch.options, history_check=opts.polar_history_check)
-        keys = {"polar_tokenizer", "polar_tool_parser", "polar_reasoning_parser", "polar_context_length"}
+        if "polar_render" in updated:
+            if opts.polar_render not in RENDERS:
+                raise OptionsError(f"polar_render: expected one of {', '.join(RENDERS)}, got {opts.polar_render!r}")
+            self.dispatch.options = replace(self.dispatch.options, render=opts.polar_render)
+        keys = {"polar_tokenizer", "polar_tool_parser", "polar_reasoning_parser", "polar_context_length",
+                "polar_render"}
         if keys & set(updated) and opts.polar_tokenizer:
+            engine_renders = opts.polar_render == "engine"  # its template and parsers: none of ours to pick
             try:
-                self.dispatch.model = load_model(opts.polar_tokenizer, opts.polar_tool_parser,
-                                                 opts.polar_reasoning_parser, opts.polar_context_length)
+                self.dispatch.model = load_model(opts.polar_tokenizer,
+                                                 "none" if engine_renders else opts.polar_tool_parser,
+                                                 "none" if engine_renders else opts.polar_reasoning_parser,
+                                                 opts.polar_context_length)
             except ValueError as e:
                 raise OptionsError(f"polar_tokenizer: {e}") from e
             model = self.dispatch.model
-            log.info("polar: model %s: tool calls %s, reasoning %s (%s)", model.served_names[0],
-                     model.tool_parser or "none", model.reasoning_parser or "none", model.family)
+            if engine_renders:
+                log.info("polar: model %s: the engine renders prompts and parses replies (--render engine)",
+                         model.served_names[0])
+            else:
+                log.info("polar: model %s: tool calls %s, reasoning %s (%s)", model.served_names[0],
+                         model.tool_parser or "none", model.reasoning_parser or "none", model.family)
 
     def _configure_one(self, name: str, value: Any) -> None:
         opts, dispatch = ctx.options, self.dispatch

@@ -2,6 +2,7 @@
 the server then teacher-forces through the model. Format: docs/reference-server.md."""
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import random
 import re
@@ -96,35 +97,47 @@ class Rule:
                 return choice
         return self.choices[-1][1]
 
-    def render(self, view: PromptView, fmt: str = "hermes") -> str:
-        """The reply text, written as a model of format `fmt` writes one (polar_serve/reply_formats.py).
+    def render(self, view: PromptView, fmt: str = "hermes") -> Scripted:
+        """The reply, and its text written as a model of format `fmt` writes one (polar_serve/reply_formats.py).
         Raises NoMatch."""
         if self.reply is not None:
-            return _fill(self.reply, view)
+            text = _fill(self.reply, view)
+            return Scripted(self.name, text, None, text, ())
         calls = []
         for call in self.tool_calls:
             name = _pick(call.names, view)
             calls.append((name, _fill_args(call.arguments_for.get(name, call.arguments), view)))
-        think = None if self.think is None else _fill(self.think, view)
-        return write_reply(fmt, think, _fill(self.content, view), calls)
+        think, content = None if self.think is None else _fill(self.think, view), _fill(self.content, view)
+        return Scripted(self.name, write_reply(fmt, think, content, calls), think, content, tuple(calls))
+
+
+@dataclass(frozen=True)
+class Scripted:
+    """A rule's reply: its text as the model writes it, and its parts (for the chat endpoint's parsed message)."""
+
+    name: str
+    text: str
+    think: str | None
+    content: str
+    calls: tuple[tuple[str, Any], ...]  # (tool name, arguments: a dict, or JSON text written as it is)
 
 
 @dataclass(frozen=True)
 class Policy:
     rules: tuple[Rule, ...]
 
-    def reply_for(self, view: PromptView, seed: int | None = None, fmt: str = "hermes") -> tuple[str, str] | None:
-        """(rule name, reply text in format `fmt`) of the first rule that matches, or None. A `choose:` rule's
-        name gets the chosen reply's name appended (`rule/choice`)."""
+    def reply_for(self, view: PromptView, seed: int | None = None, fmt: str = "hermes") -> Scripted | None:
+        """The reply (text in format `fmt`) of the first rule that matches, or None. A `choose:` rule's name gets
+        the chosen reply's name appended (`rule/choice`)."""
         for rule in self.rules:
             if not rule.when.matches(view):
                 continue
             chosen = rule.pick(view, seed)
             try:
-                text = chosen.render(view, fmt)
+                scripted = chosen.render(view, fmt)
             except NoMatch:
                 continue
-            return (rule.name if chosen is rule else f"{rule.name}/{chosen.name}"), text
+            return dataclasses.replace(scripted, name=rule.name if chosen is rule else f"{rule.name}/{chosen.name}")
         return None
 
 

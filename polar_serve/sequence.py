@@ -41,6 +41,7 @@ class Sequence:
         self.forced_ids = forced_ids
         self.weight_version = engine.weight_version  # set again at start(): weights may change while queued
         self.policy_rule: str | None = None  # the scripted-policy rule that produced forced_ids
+        self.scripted: Any = None  # that rule's reply (polar_serve/policy.py Scripted), for the chat endpoint
         self.out = Output()
         self.cached_tokens = 0  # prompt tokens served from the prefix cache
         self.finish: Finish | None = None

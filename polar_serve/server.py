@@ -16,7 +16,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
 
 from aiohttp import web
 
-from polar_serve import api_sglang, api_vllm
+from polar_serve import api_chat, api_sglang, api_vllm
 from polar_serve.engine import Engine
 from polar_serve.params import BadRequest, as_object, check_prompt
 from polar_serve.policy import Policy
@@ -145,6 +145,7 @@ class ReferenceServer:
             web.get("/get_model_info", self.model_info), web.get("/v1/models", self.models),
             web.get("/metrics", self.metrics),
             web.post("/generate", self.generate), web.post("/v1/completions", self.completions),
+            web.post("/v1/chat/completions", self.chat),
             web.post("/update_weights_from_disk", self.update_weights),
             web.post("/pause_generation", self.pause), web.post("/resume_generation", self.resume),
             web.post("/flush_cache", self.flush_cache),
@@ -169,9 +170,9 @@ class ReferenceServer:
                                           self.options.reply_format)
         if match is None:
             return Sequence(e, prompt_ids, params)
-        forced = e.encode(match[1]) + [e.tokenizer.eos_token_id]
+        forced = e.encode(match.text) + [e.tokenizer.eos_token_id]
         seq = Sequence(e, prompt_ids, params, forced_ids=forced[: e.max_context_length - len(prompt_ids)])
-        seq.policy_rule = match[0]
+        seq.policy_rule, seq.scripted = match.name, match
         return seq
 
     async def drive(self, seq: Sequence, on_step: Callable[[Sequence], Awaitable[None]] | None = None) -> None:
@@ -236,6 +237,23 @@ class ReferenceServer:
 
         def chunks(s: Sequence) -> list[Any]:
             out = [renderer.chunk(s, cursor)]
+            if s.finished and req.include_usage:
+                out.append(renderer.usage_chunk(s))
+            return out
+
+        return await self.stream(request, seq, chunks)
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        """vLLM's chat endpoint with token ids (polar_serve/api_chat.py): the model's template renders."""
+        req = api_chat.parse_request(await read_json(request))
+        seq = self.new_sequence(api_chat.prompt_ids(self.engine.tokenizer, req), req.params)
+        renderer = api_chat.Renderer(req, self.options.served_model_name)
+        if not req.stream:
+            await self.drive(seq)
+            return web.json_response(renderer.response(seq))
+
+        def chunks(s: Sequence) -> list[Any]:
+            out = [renderer.chunk(s)]
             if s.finished and req.include_usage:
                 out.append(renderer.usage_chunk(s))
             return out

@@ -64,7 +64,7 @@ def start(settings: WorkerSettings) -> list[ProxyHandle]:
         for k in range(len(_proxies), settings.proxies):
             _proxies.append(_stack.enter_context(start_proxy(
                 settings.model_dir, settings.engine_url, base / f"captures{_suffix(k)}", settings.confdir,
-                log_path(settings, k), sessions=settings.sessions, engine=settings.engine)))
+                log_path(settings, k), sessions=settings.sessions, engine=settings.engine, render=settings.render)))
     return list(_proxies)
 
 

@@ -59,7 +59,8 @@ def infra_failures(sdir: Path) -> int:
 def engine_config(settings: WorkerSettings):
     from polar.run.session import EngineConfig
 
-    return EngineConfig(settings.model_dir, backend=settings.engine_url, engine=settings.engine)
+    return EngineConfig(settings.model_dir, backend=settings.engine_url, engine=settings.engine,
+                        render=settings.render)
 
 
 def sample_config(manifest: Manifest, sample_id: str, settings: WorkerSettings, out: Path):

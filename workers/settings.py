@@ -5,6 +5,7 @@
   POLAR_ENGINE_URL    inference engine (SGLang/vLLM/polar serve)   http://127.0.0.1:30000
                       several replicas: comma-separated URLs (each session sticks to one)
   POLAR_ENGINE        its token API: sglang | vllm        sglang
+  POLAR_RENDER        who renders prompts: proxy | engine (the engine's chat API, `polar proxy --render`)   proxy
   POLAR_MODEL_DIR     tokenizer + chat template           fixtures/tiny-qwen2, and required with POLAR_ENGINE_URL
   POLAR_RUNTIME       sandbox runtime                      auto
                       `local` (the harness on the host filesystem, its own results within reach) is refused
@@ -60,6 +61,7 @@ class WorkerSettings:
     drain_s: float = 300.0
     status_s: float = 60.0
     proxies: int = 1
+    render: str = "proxy"  # POLAR_RENDER
 
 
 def seconds(env: Mapping[str, str], name: str, default: float, zero: bool = False) -> float:
@@ -105,6 +107,9 @@ def load_settings(env: Mapping[str, str] | None = None) -> WorkerSettings:
     engine = env.get("POLAR_ENGINE", "sglang")
     if engine not in ("sglang", "vllm"):
         raise ValueError(f"POLAR_ENGINE {engine!r}: expected sglang or vllm")
+    render = env.get("POLAR_RENDER", "proxy")
+    if render not in ("proxy", "engine"):
+        raise ValueError(f"POLAR_RENDER {render!r}: expected proxy or engine")
     way_in = env.get("POLAR_WAY_IN", "https_proxy")
     if way_in not in ("https_proxy", "base_url"):
         raise ValueError(f"POLAR_WAY_IN {way_in!r}: expected https_proxy or base_url")
@@ -147,4 +152,5 @@ def load_settings(env: Mapping[str, str] | None = None) -> WorkerSettings:
         drain_s=seconds(env, "POLAR_DRAIN_S", 300.0),
         status_s=seconds(env, "POLAR_STATUS_S", 60.0, zero=True),
         proxies=int(proxies),
+        render=render,
     )

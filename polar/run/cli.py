@@ -52,6 +52,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     engine.add_argument("--backend", help="use this inference server (SGLang/vLLM/polar serve URL; several replicas "
                         "comma-separated)")
     p.add_argument("--engine", default="sglang", choices=["sglang", "vllm"], help="token API of --backend")
+    p.add_argument("--render", default="proxy", choices=["proxy", "engine"],
+                   help="who renders prompts and parses replies: proxy (default, token-exact history) or engine "
+                        "(the engine's chat API: any model it serves; README: Models)")
     p.add_argument("--model", type=Path, help="model dir: tokenizer + chat template; required with --backend "
                    "(default with the reference server started here: fixtures/tiny-qwen2)")
     p.add_argument("--model-name", help="model name the harness asks for (default: the adapter's)")
@@ -101,7 +104,7 @@ def _engine(args: argparse.Namespace) -> EngineConfig:
         _check_policy(args.policy)
     if args.backend and (warning := engine_model_mismatch(args.backend, model)) is not None:
         print(f"polar run: warning: {warning}", file=sys.stderr)
-    return EngineConfig(model.resolve(), args.backend, args.engine,
+    return EngineConfig(model.resolve(), args.backend, args.engine, args.render,
                         args.policy.resolve() if args.policy else None, args.context_length)
 
 

@@ -117,8 +117,10 @@ def reference_server(model_dir: Path, policy: Path | None, log: Path) -> Iterato
 
 @contextmanager
 def start_proxy(tokenizer: Path, backend: str, capture_dir: Path, confdir: Path, log: Path,
-                sessions: str = "open", engine: str = "sglang", host: str = "127.0.0.1") -> Iterator[ProxyHandle]:
-    """`polar proxy` on two free ports; yields its handle. `sessions`: "open" or a redis:// / unix:// URL."""
+                sessions: str = "open", engine: str = "sglang", host: str = "127.0.0.1",
+                render: str = "proxy") -> Iterator[ProxyHandle]:
+    """`polar proxy` on two free ports; yields its handle. `sessions`: "open" or a redis:// / unix:// URL;
+    `render`: proxy, or engine (the engine's chat API renders and parses, polar_mitm/engines/chat.py)."""
     log.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", PARENT_ENV: str(os.getpid())}
     status_file = log.with_name(f"{log.stem}.status.json")
@@ -127,7 +129,7 @@ def start_proxy(tokenizer: Path, backend: str, capture_dir: Path, confdir: Path,
         # take it between free_port() and mitmproxy's bind, so a lost race is retried on two fresh ports.
         p1, p2 = free_port(), free_port()  # host is always loopback here
         cmd = [sys.executable, "-m", "polar.cli", "proxy", "--tokenizer", str(tokenizer), "--backend", backend,
-               "--engine", engine,
+               "--engine", engine, "--render", render,
                "--capture-dir", str(capture_dir), "--sessions", sessions, "--host", host,
                "--proxy-port", str(p1), "--base-url-port", str(p2), "--confdir", str(confdir),
                "--status-file", str(status_file)]

@@ -46,6 +46,7 @@ class EngineConfig:
     model_dir: Path  # tokenizer + chat template (and weights for the reference server)
     backend: str | None = None
     engine: str = "sglang"  # token API of `backend`: sglang (/generate) or vllm (/v1/completions)
+    render: str = "proxy"  # who renders prompts and parses replies: the proxy, or the engine's chat API
     policy: Path | None = None
     context_length: int = 65536  # reference server only: harness prompts are long (0 = the model's own)
 
@@ -132,7 +133,7 @@ def start_services(out: Path, engine: EngineConfig, confdir: Path, stack: ExitSt
     else:
         backend = engine.backend
     return start_proxy(model, backend, out / "captures", confdir, out / "logs" / "proxy.log",
-                       sessions=sessions, engine=engine.engine)
+                       sessions=sessions, engine=engine.engine, render=engine.render)
 
 
 MAX_SOCKET_PATH = 100  # AF_UNIX paths are limited to 107 bytes

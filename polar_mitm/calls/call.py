@@ -9,6 +9,7 @@ from typing import Any
 
 from polar_mitm.conversation import Completion, Conversation, Message, ReplyEvent
 from polar_mitm.engines.api import EngineOutput
+from polar_mitm.engines.chat import ENGINE_SOURCE, EngineReply, apply_chat
 from polar_mitm.providers.routes import Route
 from polar_mitm.sessions.registry import Session
 from polar_mitm.tokens.detok import Detokenizer
@@ -31,8 +32,8 @@ class Call:
     started_at: float
     prompt: Prompt | None = None
     output: EngineOutput = field(default_factory=EngineOutput)
-    detok: Detokenizer | None = None
-    parser: ReplyParser | None = None
+    detok: Detokenizer | None = None  # None for an engine-rendered call: the engine's message is the reply
+    parser: ReplyParser | EngineReply | None = None
     engine_request: tuple[str, dict[str, Any]] | None = None  # (path, body) for the engine's token API
     flags: list[str] = field(default_factory=list)  # e.g. "template_dropped_tools", "truncated"
     recorded: bool = False
@@ -51,8 +52,22 @@ def feed_ids(call: Call, ids: list[int], stop_ids: frozenset[int]) -> list[Reply
     return call.parser.feed(text) if text else []
 
 
+def rendered_by_engine(call: Call) -> bool:
+    """The engine renders this call's prompt and parses its reply (polar_mitm/engines/chat.py)."""
+    return isinstance(call.parser, EngineReply)
+
+
+def take_chat(call: Call, data: dict[str, Any]) -> list[ReplyEvent]:
+    """One chat answer of the engine (whole, or a streamed chunk) for an engine-rendered call: its prompt ids
+    become the call's prompt, its ids and logprobs the output, its message the reply's events."""
+    prompt_ids, events = apply_chat(data, call.output, call.parser)
+    if prompt_ids is not None and call.prompt is None:
+        call.prompt = Prompt(prompt_ids, ENGINE_SOURCE, None, [])
+    return events
+
+
 def finish_events(call: Call) -> list[ReplyEvent]:
-    tail = call.detok.flush()
+    tail = call.detok.flush() if call.detok is not None else ""
     events = call.parser.feed(tail) if tail else []
     return events + call.parser.finish()
 

@@ -15,6 +15,7 @@ from polar_mitm.calls import call as calls
 from polar_mitm.capture import Capture, CaptureError
 from polar_mitm.conversation import ProviderError
 from polar_mitm.engines.api import EngineError, apply_chunk, engine_request
+from polar_mitm.engines.chat import NO_PROMPT_IDS, EngineReply, chat_request
 from polar_mitm.engines.client import EngineFailure, engine_json, engine_refused
 from polar_mitm.engines.replicas import Engines, Replica
 from polar_mitm.providers import CODECS
@@ -42,6 +43,7 @@ class CallOptions:
     engine_model: str | None = None  # the model name a vLLM backend is sent (polar_engine_model)
     tokenizer: str = ""  # the model directory, named in warnings (polar_tokenizer)
     history_check: str = "sampled"  # compare substituted prompts with the template's rendering (polar_history_check)
+    render: str = "proxy"  # proxy: our template and parsers; engine: the engine's chat API (polar_render)
 
 
 HISTORY_CHECKS = ("sampled", "all", "off")
@@ -125,6 +127,9 @@ class Dispatcher:
     def build(self, call: calls.Call) -> None:
         """Prompt ids (with history substitution) and the engine request."""
         model, options = self.model, self.options
+        if options.render == "engine":
+            self._build_for_engine(call)
+            return
         key = (call.session.task_id, call.session.session_id)
         check_fits(model, call.conv)
         history = self.histories.get(key)
@@ -158,6 +163,17 @@ class Dispatcher:
             log.warning("polar: session %s/%s: the chat template of %s drops %s; the model cannot see them",
                         *key, options.tokenizer, ", ".join(dropped))
 
+    def _build_for_engine(self, call: calls.Call) -> None:
+        """The engine's chat request: it renders the conversation and parses its reply (engines/chat.py)."""
+        check_fits(self.model, call.conv)
+        sampling, overridden = apply_fixed(call.conv.sampling, call.session.sampling)
+        call.prompt = None  # the engine's, once it answers
+        call.engine_request = chat_request(call.conv, sampling, sampling.max_tokens or self.options.max_tokens,
+                                           call.conv.stream, self.options.engine_model)
+        call.raw_body = b""
+        call.detok, call.parser = None, EngineReply(call.call_id.replace("call-", "call_") + "_")
+        call.flags.extend(overridden)
+
     async def complete(self, call: calls.Call) -> http.Response:
         """The provider's reply to a non-streamed call, recorded before it is returned."""
         async def send(replica: Replica) -> tuple[int, bytes]:
@@ -174,10 +190,15 @@ class Dispatcher:
             raise engine_refused(status, data)
         self.engines.pool.answered(replica)
         try:
-            apply_chunk(self.options.engine, data, call.output)
+            if calls.rendered_by_engine(call):
+                calls.take_chat(call, data)
+                if call.prompt is None:
+                    raise EngineError(NO_PROMPT_IDS)
+            else:
+                apply_chunk(self.options.engine, data, call.output)
+                calls.feed_ids(call, call.output.output_ids, self.model.stop_ids)
         except EngineError as e:
             raise ProviderError(502, f"polar: {e}", "api_error") from e
-        calls.feed_ids(call, call.output.output_ids, self.model.stop_ids)
         calls.finish_events(call)
         completion = calls.completion_of(call, self.model.stop_ids)
         body = CODECS[call.route.api].render_response(completion)
@@ -210,6 +231,8 @@ class Dispatcher:
         return tuple(call.flags) + (call.parser.result().flags if call.parser else ())
 
     def _remember(self, call: calls.Call, completion) -> None:
+        if calls.rendered_by_engine(call):  # the engine renders each call in full: no history to substitute
+            return
         key = (call.session.task_id, call.session.session_id)
         history = self.histories.peek(key)
         if history is not None and history.engine == call.engine:  # not a session that moved meanwhile

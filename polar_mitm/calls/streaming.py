@@ -4,10 +4,11 @@ from __future__ import annotations
 import logging
 from typing import Awaitable, Callable
 
-from polar_mitm.calls.call import Call, completion_of, feed_ids, finish_events
+from polar_mitm.calls.call import Call, completion_of, feed_ids, finish_events, rendered_by_engine, take_chat
 from polar_mitm.capture import CaptureError
 from polar_mitm.conversation import ProviderError
 from polar_mitm.engines.api import EngineError, SSEDecoder, apply_chunk
+from polar_mitm.engines.chat import NO_PROMPT_IDS
 from polar_mitm.providers import CODECS
 
 log = logging.getLogger(__name__)
@@ -23,8 +24,9 @@ class StreamTranslator:
     def __init__(self, engine: str, call: Call, model, settle: Callable[..., Awaitable[None]]) -> None:
         self.engine, self.call, self.model, self.settle = engine, call, model, settle
         codec = CODECS[call.route.api]
-        self.encoder = codec.StreamEncoder(call.call_id, call.conv.model, prompt_tokens=len(call.prompt.ids),
-                                          **codec.encoder_options(call.request_body))
+        self.encoder = codec.StreamEncoder(call.call_id, call.conv.model,
+                                           prompt_tokens=len(call.prompt.ids) if call.prompt else 0,
+                                           **codec.encoder_options(call.request_body))
         self.sse = SSEDecoder()
         self.error: str | None = None
 
@@ -37,10 +39,13 @@ class StreamTranslator:
         out = []
         try:
             for data in self.sse.feed(chunk):
-                have = len(self.call.output.output_ids)
-                apply_chunk(self.engine, data, self.call.output)
-                for event in feed_ids(self.call, self.call.output.output_ids[have:], self.model.stop_ids):
-                    out.append(self.encoder.feed(event))
+                if rendered_by_engine(self.call):
+                    events = take_chat(self.call, data)
+                else:
+                    have = len(self.call.output.output_ids)
+                    apply_chunk(self.engine, data, self.call.output)
+                    events = feed_ids(self.call, self.call.output.output_ids[have:], self.model.stop_ids)
+                out += [self.encoder.feed(event) for event in events]
         except (EngineError, ValueError) as e:
             self.error = f"engine stream failed: {e}"
         return b"".join(out)
@@ -51,6 +56,8 @@ class StreamTranslator:
             out = [self.encoder.feed(e) for e in finish_events(self.call)]
             if self.error is None and self.call.output.finish_reason is None:
                 self.error = "engine stream ended before the last token"
+            if self.error is None and self.call.prompt is None:
+                self.error = NO_PROMPT_IDS
             if self.error and "truncated" not in self.call.flags:
                 self.call.flags.append("truncated")
             completion = completion_of(self.call, self.model.stop_ids)

@@ -31,7 +31,7 @@ def engine_request(engine: str, prompt_ids: list[int], sampling: Sampling, max_n
     """(path, JSON body) asking the engine to continue `prompt_ids` and return ids and logprobs."""
     if engine == "sglang":
         params: dict[str, Any] = {"max_new_tokens": max_new_tokens, "skip_special_tokens": False}
-        _copy_sampling(sampling, params)
+        copy_sampling(sampling, params)
         if "seed" in params:
             params["sampling_seed"] = params.pop("seed")  # SGLang's name; it rejects unknown sampling keys
         return "/generate", {"input_ids": prompt_ids, "sampling_params": params,
@@ -40,11 +40,11 @@ def engine_request(engine: str, prompt_ids: list[int], sampling: Sampling, max_n
                             "return_token_ids": True, "skip_special_tokens": False, "stream": stream}
     if model:
         body["model"] = model
-    _copy_sampling(sampling, body)
+    copy_sampling(sampling, body)
     return "/v1/completions", body
 
 
-def _copy_sampling(s: Sampling, out: dict[str, Any]) -> None:
+def copy_sampling(s: Sampling, out: dict[str, Any]) -> None:
     for key in ("temperature", "top_p", "top_k", "seed"):
         value = getattr(s, key)
         if value is not None:
@@ -53,7 +53,7 @@ def _copy_sampling(s: Sampling, out: dict[str, Any]) -> None:
         out["stop"] = list(s.stop)
 
 
-def _finish(value: Any) -> str | None:
+def finish_of(value: Any) -> str | None:
     if isinstance(value, dict):
         value = value.get("type")
     if value is None:
@@ -82,7 +82,7 @@ def apply_chunk(engine: str, data: dict[str, Any], out: EngineOutput) -> None:
         lps = [float(t[0]) for t in meta.get("output_token_logprobs") or []]
         total = meta.get("completion_tokens")
         _extend(out, ids, lps, int(total) if total is not None else None)
-        out.finish_reason = _finish(meta.get("finish_reason")) or out.finish_reason
+        out.finish_reason = finish_of(meta.get("finish_reason")) or out.finish_reason
         out.weight_version = _version(meta.get("weight_version", out.weight_version))
         return
     for choice in data.get("choices") or []:
@@ -92,7 +92,7 @@ def apply_chunk(engine: str, data: dict[str, Any], out: EngineOutput) -> None:
         lps = [float(x) for x in (choice.get("logprobs") or {}).get("token_logprobs") or []]
         out.output_ids.extend(ids)
         out.logprobs.extend(lps)
-        out.finish_reason = _finish(choice.get("finish_reason")) or out.finish_reason
+        out.finish_reason = finish_of(choice.get("finish_reason")) or out.finish_reason
 
 
 def _extend(out: EngineOutput, ids: list[int], lps: list[float], total: int | None) -> None:

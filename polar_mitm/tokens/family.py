@@ -2,8 +2,9 @@
 
 Read from the template's own text, never a silent default: the markers each family's template writes around a
 tool call. Families the proxy parses map to a tool parser (polar_mitm/tokens/reply_parser.py); a template of a
-family it does not parse yet is refused with one line naming the family and the way out (`--tool-parser` to
-force one, when the user knows the model writes that form anyway). A template that renders no tool calls at all
+family it does not parse yet is refused with one line naming the family and the ways out (`--tool-parser` to
+force one, when the user knows the model writes that form anyway; `--render engine`, polar_mitm/engines/chat.py,
+to let the engine render and parse). A template that renders no tool calls at all
 gets no tool parser: replies are text (and `template_dropped_tools` flags each request that offered tools).
 
   markers                                        family            tool parser
@@ -53,7 +54,7 @@ def detect(template: str) -> Formats:
             if parser is None:
                 raise ValueError(f"the chat template is {family}'s, whose tool calls the proxy does not parse yet "
                                  f"(it parses {', '.join(PARSED)}); pass --tool-parser NAME if the model writes "
-                                 "one of those")
+                                 "one of those, or --render engine to let the engine render and parse")
             return Formats(family, parser, "harmony" if parser == "harmony" else reasoning_of(template))
     return Formats("no tool calls in the template", None, reasoning_of(template))
 

@@ -37,6 +37,11 @@ def after_result(render, tool_name: str) -> str:
                   [tool(tool_name)])
 
 
+def reply_of(policy, view, seed: int | None = None) -> tuple[str, str] | None:
+    """(rule name, reply text) of the rule that matches, or None."""
+    scripted = policy.reply_for(view, seed)
+    return None if scripted is None else (scripted.name, scripted.text)
+
 def test_prompt_view_reads_turns_tools_and_results(render) -> None:
     view = parse_prompt(after_result(render, "Bash"))
     assert view.tools == ("Bash",) and view.tool_results == 1 and view.after_tool_result
@@ -49,15 +54,15 @@ def test_prompt_view_reads_turns_tools_and_results(render) -> None:
 @pytest.mark.parametrize("name", SHELLS)
 def test_shipped_tool_call_policy_calls_whichever_shell_is_offered(render, policies_dir: Path, name: str) -> None:
     policy = load_policy(policies_dir / "tool-call.yaml")
-    rule, reply = policy.reply_for(parse_prompt(first_turn(render, name)))  # type: ignore[misc]
+    rule, reply = reply_of(policy, parse_prompt(first_turn(render, name)))
     key = "cmd" if name == "exec_command" else "command"
     assert rule == "write-file"
     assert reply == ("<think>\nI will write the file with the shell tool.\n</think>\n\n<tool_call>\n"
                      f'{{"name": "{name}", "arguments": {{"{key}": "echo polar > polar.txt"}}}}\n</tool_call>')
-    assert policy.reply_for(parse_prompt(after_result(render, name))) == (
+    assert reply_of(policy, parse_prompt(after_result(render, name))) == (
         "done-after-tool-result", "<think>\nThe file is written.\n</think>\n\nDone.")
-    assert policy.reply_for(parse_prompt(first_turn(render, None)))[0] == "no-shell"  # type: ignore[index]
-    assert policy.reply_for(parse_prompt(first_turn(render, "python"))) is None  # tools, but no shell: sample
+    assert reply_of(policy, parse_prompt(first_turn(render, None)))[0] == "no-shell"
+    assert reply_of(policy, parse_prompt(first_turn(render, "python"))) is None  # tools, but no shell: sample
 
 
 def test_structured_reply_renders_like_the_chat_template(render) -> None:
@@ -65,7 +70,7 @@ def test_structured_reply_renders_like_the_chat_template(render) -> None:
         {"name": "Bash", "arguments": {"command": "ls", "n": [1, 2], "é": None}},
         {"name": "Bash", "arguments": '{"command": "pwd"}'}]}]})
     prompt = first_turn(render, "Bash")
-    _, reply = policy.reply_for(parse_prompt(prompt))  # type: ignore[misc]
+    _, reply = reply_of(policy, parse_prompt(prompt))
     message = {"role": "assistant", "content": "Running two.", "reasoning_content": "plan", "tool_calls": [
         {"function": {"name": "Bash", "arguments": {"command": "ls", "n": [1, 2], "é": None}}},
         {"function": {"name": "Bash", "arguments": '{"command": "pwd"}'}}]}
@@ -81,11 +86,11 @@ def test_templates_and_conditions(render) -> None:
          "reply": 'Using {tool:sh|Bash}: {"cmd": "{last_user}"}'},
         {"name": "fallback", "when": {"not": {"any_tools": True}}, "reply": "plain {last_user}"},
     ]})
-    assert policy.reply_for(parse_prompt(first_turn(render, "Bash"))) == (
+    assert reply_of(policy, parse_prompt(first_turn(render, "Bash"))) == (
         "regex", 'Using Bash: {"cmd": "make polar.txt"}')
     # {tool:...} names no offered tool: the rule is skipped, the next one does not match either -> sample
-    assert policy.reply_for(parse_prompt(first_turn(render, "shell"))) is None
-    assert policy.reply_for(parse_prompt(first_turn(render, None))) == ("fallback", "plain make polar.txt")
+    assert reply_of(policy, parse_prompt(first_turn(render, "shell"))) is None
+    assert reply_of(policy, parse_prompt(first_turn(render, None))) == ("fallback", "plain make polar.txt")
 
 
 def test_first_user_tells_a_sub_agent_from_its_parent(render, policies_dir: Path) -> None:
@@ -99,9 +104,9 @@ def test_first_user_tells_a_sub_agent_from_its_parent(render, policies_dir: Path
     parent = [{"role": "user", "content": "Delegate writing sub.txt."}, spawn, {"role": "tool", "content": "done"}]
     sub = [{"role": "user", "content": f"<system-reminder>x</system-reminder>\n{prompt}"}]
     assert parse_prompt(render(sub, tools)).first_user.endswith(prompt)
-    assert policy.reply_for(parse_prompt(render(sub, tools)))[0] == "sub-write"
-    assert policy.reply_for(parse_prompt(render(parent[:1], tools)))[0] == "spawn"
-    assert policy.reply_for(parse_prompt(render(parent, tools)))[0] == "main-done"
+    assert reply_of(policy, parse_prompt(render(sub, tools)))[0] == "sub-write"
+    assert reply_of(policy, parse_prompt(render(parent[:1], tools)))[0] == "spawn"
+    assert reply_of(policy, parse_prompt(render(parent, tools)))[0] == "main-done"
 
 
 @pytest.mark.parametrize("data, message", [
@@ -123,7 +128,7 @@ def test_shipped_policies_load(policies_dir: Path) -> None:
     for path in sorted(policies_dir.glob("*.yaml")):
         assert load_policy(path).rules, path
     echo = load_policy(policies_dir / "echo.yaml")
-    assert echo.reply_for(parse_prompt("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")) == (
+    assert reply_of(echo, parse_prompt("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")) == (
         "echo", "You said: hi")
 
 
@@ -146,9 +151,9 @@ def test_choose_differs_between_sessions_and_stays_within_one(render) -> None:
     picks = {}
     for i in range(40):
         view = parse_prompt(session_prompt(render, f"/runs/sample-{i}/workspace"))
-        picks[i] = policy.reply_for(view)
+        picks[i] = reply_of(policy, view)
         later = parse_prompt(session_prompt(render, f"/runs/sample-{i}/workspace", turns=2))
-        assert policy.reply_for(later) == picks[i]  # the session keeps its choice from call to call
+        assert reply_of(policy, later) == picks[i]  # the session keeps its choice from call to call
     assert set(picks.values()) == {("pick/fix", "fixed"), ("pick/skip", "skipped")}
     assert 8 <= sum(p[0] == "pick/fix" for p in picks.values()) <= 32
 
@@ -157,14 +162,14 @@ def test_choose_follows_the_request_seed(render) -> None:
     policy = parse_policy(CHOOSE)
     views = [parse_prompt(session_prompt(render, f"/w{i}")) for i in range(10)]
     for seed in range(10):
-        assert len({policy.reply_for(v, seed) for v in views}) == 1  # the seed alone decides
-    assert len({policy.reply_for(views[0], seed) for seed in range(30)}) == 2
+        assert len({reply_of(policy, v, seed) for v in views}) == 1  # the seed alone decides
+    assert len({reply_of(policy, views[0], seed) for seed in range(30)}) == 2
 
 
 def test_choose_weights_count() -> None:
     policy = parse_policy({"rules": [{"choose": [{"weight": 9, "reply": "a"}, {"weight": 1, "reply": "b"}]}]})
     view = parse_prompt("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
-    got = [policy.reply_for(view, seed)[1] for seed in range(400)]
+    got = [reply_of(policy, view, seed)[1] for seed in range(400)]
     assert 320 <= got.count("a") <= 390
 
 

@@ -15,6 +15,7 @@ from polar.cli import build_parser
 from polar.run.causes import cause_lines
 from polar.run.cli import reused_proxy
 from polar_traj import read as read_trajectories
+from polar_traj.capture_reader import read_capture_dicts
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -116,6 +117,25 @@ def test_pi_end_to_end_in_bwrap(tmp_path, policies_dir):
     harness = json.loads((out / "harness.json").read_text())
     assert "<token>" in harness["env"]["HTTPS_PROXY"] and harness["runtime"] == "bwrap"
     assert (out / "logs" / "proxy.log").exists() and (out / "logs" / "serve.log").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("adapter", ["pi", "codex"])
+def test_a_harness_through_engine_rendering(tmp_path, policies_dir, adapter):
+    """`--render engine`: the reference server's chat endpoint renders and parses; the harness's tool call works
+    and every call is recorded with the engine's own prompt ids (polar_mitm/engines/chat.py)."""
+    out = tmp_path / "run"
+    done = polar_run("--adapter", adapter, "--instruction", "write polar.txt", "--runtime", "bwrap",
+                     "--policy", str(policies_dir / "shell-once.yaml"), "--render", "engine", "--out", str(out),
+                     "--confdir", str(tmp_path / "mitm"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (out / "workspace" / "polar.txt").read_text() == "polar\n"
+    rows = read_trajectories(out / "trajectories.parquet").to_pylist()
+    records = [r for f in sorted((out / "captures").glob("*/*.jsonl")) for r in read_capture_dicts(f)]
+    assert len(records) >= 2 and {r["prefix_source"] for r in records} == {"rendered:engine"}, records
+    assert all(r["error"] is None and r["output_logprobs"] and len(r["output_logprobs"]) == len(r["output_ids"])
+               for r in records)
+    assert rows and sum(len(r["response_ids"]) for r in rows) >= sum(len(r["output_ids"]) for r in records) > 0
 
 
 def test_crashed_harness_keeps_its_calls(tmp_path, start_reference_server, policies_dir, tiny_model_dir):

@@ -63,7 +63,8 @@ def test_a_family_not_parsed_yet_is_refused_in_one_line():
     with pytest.raises(ValueError) as e:
         detect(TEMPLATES["Gemma 3"])
     assert str(e.value) == (f"the chat template is Gemma 3's, whose tool calls the proxy does not parse yet (it "
-                            f"parses {', '.join(PARSED)}); pass --tool-parser NAME if the model writes one of those")
+                            f"parses {', '.join(PARSED)}); pass --tool-parser NAME if the model writes one of those, "
+                            "or --render engine to let the engine render and parse")
 
 
 def model_with_template(tmp_path: Path, name: str, template: str) -> Path:
