@@ -48,7 +48,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def honest_of(task: TaskSpec, source: Path, tasks_root: Path | None = None) -> str | Path | None:
-    """A task's honest fix: its metadata `fix` (one shell command), or a Harbor task's solution/solve.sh."""
+    """A task's honest fix: its metadata `fix` (one shell command), or a Harbor task's solution/solve.sh (a
+    multi-step task's oracle runs each step's: the first is named)."""
+    if task.steps:
+        return next((s.solution for s in task.steps if s.solution), None)
     if task.evaluator.kind == "harbor":
         from polar.tasks.harbor import solution_of
 

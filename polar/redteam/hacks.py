@@ -197,11 +197,13 @@ def facts_of(task: TaskSpec) -> Facts:
 
 
 def module_under_test(task: TaskSpec) -> str | None:
-    """The first top-level module of the task's workspace that the task's test files import."""
+    """The first top-level module of the task's workspace that the task's test files (a multi-step task's: the
+    task's and its steps') import."""
     modules = _workspace_modules(task.workspace)
-    if not modules or task.tests is None or not task.tests.is_dir():
+    folders = [d for d in (task.tests, *(s.tests for s in task.steps)) if d is not None and d.is_dir()]
+    if not modules:
         return None
-    for test in sorted(task.tests.rglob("*.py")):
+    for test in sorted(p for d in folders for p in d.rglob("*.py")):
         for name in _imports(test):
             if name in modules:
                 return name

@@ -102,8 +102,12 @@ def cases_of(plan: Plan) -> list[Case]:
 def _as_run(case: Case, image: str | None) -> Case:
     task = case.task
     new_image = "host" if case.runtime in IMAGELESS else (image or task.image)  # auto: resolved per task
-    instruction = task.instruction if case.solve else f"{task.instruction.rstrip()}\n\n{case_marker(case)}"
-    return dataclasses.replace(case, task=dataclasses.replace(task, image=new_image, instruction=instruction))
+    if case.solve:
+        return dataclasses.replace(case, task=dataclasses.replace(task, image=new_image))
+    marked = lambda text: f"{text.rstrip()}\n\n{case_marker(case)}"  # noqa: E731
+    steps = tuple(dataclasses.replace(s, instruction=marked(s.instruction)) for s in task.steps)  # each step's too
+    return dataclasses.replace(case, task=dataclasses.replace(task, image=new_image, instruction=marked(task.instruction),
+                                                              steps=steps))
 
 
 def case_marker(case: Case) -> str:

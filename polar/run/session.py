@@ -32,6 +32,7 @@ from polar.run.summary import RunSummary, WorkspaceTooLarge, changed_files, snap
 from polar.sandbox import supervisor
 from polar.sandbox.bridge import UnixToTcp
 from polar.sandbox.runtime import ExecResult, Mounts, Sandbox, get_runtime
+from polar.tasks.agent_files import folder_beneath
 from polar_traj.captures import copy_capture
 
 TOOLS_BIN = ROOT / ".tools" / "npm" / "node_modules" / ".bin"
@@ -200,7 +201,7 @@ def harness_for(setup: HarnessSetup, mounts: Mounts, session: Session, endpoint:
 def write_harness(rendered: Rendered, mounts: Mounts, session: Session, runtime: str, way_in: str, out: Path) -> None:
     """The rendered config files written beneath the sample's HOME and workspace, harness.json (token redacted) in
     `out`, then the workspace snapshot the run's changes are measured against."""
-    (mounts.home / ".tmp").mkdir(exist_ok=True)
+    folder_beneath(mounts.home, ".tmp")  # TMPDIR; a later step's HOME is the agent's: it may have put a file there
     write_files({_on_host(path, mounts): text for path, text in rendered.files.items()},
                 (mounts.home, mounts.workspace))
     (out / "harness.json").write_text(json.dumps({

@@ -120,6 +120,17 @@ def put_beneath(root: Path, rel: str, src: Path) -> None:
         os.close(fd)
 
 
+def folder_beneath(root: Path, rel: str) -> None:
+    """Make root/rel a real folder, as `put_beneath` makes the folders on its way: a link or file the agent left
+    there is replaced, nothing is followed."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        for part in Path(rel).parts:
+            fd = _descend(fd, part)
+    finally:
+        os.close(fd)
+
+
 def _descend(fd: int, name: str) -> int:
     """The folder `name` in the folder `fd` (a real one: made, or put in place of what is there); `fd` is closed
     once it is open."""

@@ -43,7 +43,7 @@ def task_copy(tmp: Path, files: dict[str, str | None] | None = None) -> Path:
 # -- reading ------------------------------------------------------------------------------------------------------
 def test_the_fixture_reads_as_two_steps(tmp_path, monkeypatch):
     monkeypatch.setenv("POLAR_STEP_CACHE", str(tmp_path / "cache"))
-    [task] = load_harbor(STEPS)
+    [task] = load_harbor(STEPS / TASK)
     first, second = task.steps
     assert (task.task_id, task.step_reward, [s.name for s in task.steps]) == (TASK, "mean", ["write-name", "greet"])
     assert task.instruction == first.instruction and "name.txt" in first.instruction
@@ -113,7 +113,7 @@ def test_a_step_without_its_folder_is_named(tmp_path):
 def test_step_files_never_go_through_the_agents_links(tmp_path):
     """The agent may leave links where a step's files go (its processes may still run): they are replaced, and
     nothing outside the workspace is written."""
-    [task] = load_harbor(STEPS)
+    [task] = load_harbor(STEPS / TASK)
     outside, workspace = tmp_path / "outside", tmp_path / "workspace"
     outside.mkdir()
     (outside / "target").write_text("host file\n")
@@ -139,7 +139,7 @@ def test_the_steps_rewards_make_the_samples():
     assert task_reward("mean", [None, 1.0], 2) == 0.5
     assert task_reward("final", [0.0, 0.75], 2) == 0.75
     assert task_reward("final", [1.0], 2) == 0.0  # stopped before the final step
-    [task] = load_harbor(STEPS)
+    [task] = load_harbor(STEPS / TASK)
     first = task.steps[0]
     assert below_floor(first, 1.0, None) is None and "below its min_reward 1" in below_floor(first, 0.5, None)
     named = dataclasses.replace(first, min_reward={"safety": 1.0})
