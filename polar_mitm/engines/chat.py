@@ -13,10 +13,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from polar_mitm.conversation import (ContentDelta, Conversation, Message, ReasoningDelta, ReplyEvent, Sampling,
-                                     ToolCall, ToolCallDone)
+from polar_mitm.conversation import (ContentDelta, Conversation, ReasoningDelta, ReplyEvent, Sampling, ToolCall,
+                                     ToolCallDone)
 from polar_mitm.engines.api import EngineError, EngineOutput, copy_sampling, finish_of
-from polar_mitm.tokens.prompt import to_template_tools
+from polar_mitm.tokens.prompt import to_template_messages, to_template_tools
 from polar_mitm.tokens.reply_parser import ParsedReply
 
 CHAT_PATH = "/v1/chat/completions"
@@ -30,7 +30,8 @@ def chat_request(conv: Conversation, sampling: Sampling, max_new_tokens: int, st
                  model: str | None = None) -> tuple[str, dict[str, Any]]:
     """(path, JSON body) asking the engine to render `conv` with its template, sample, and return the prompt's and
     the reply's token ids with the sampled tokens' logprobs."""
-    body: dict[str, Any] = {"messages": chat_messages(conv.messages), "max_tokens": max_new_tokens,
+    body: dict[str, Any] = {"messages": to_template_messages(conv.messages, text_arguments=True),
+                            "max_tokens": max_new_tokens,
                             "logprobs": True, "return_token_ids": True, "stream": stream}
     tools = to_template_tools(conv.tools)
     if tools:
@@ -39,26 +40,6 @@ def chat_request(conv: Conversation, sampling: Sampling, max_new_tokens: int, st
         body["model"] = model
     copy_sampling(sampling, body)
     return CHAT_PATH, body
-
-
-def chat_messages(messages: tuple[Message, ...]) -> list[dict[str, Any]]:
-    """Neutral messages as OpenAI chat messages (tool-call arguments as JSON text, reasoning as
-    `reasoning_content`)."""
-    out = []
-    for m in messages:
-        d: dict[str, Any] = {"role": m.role, "content": m.content}
-        if m.reasoning:
-            d["reasoning_content"] = m.reasoning
-        if m.tool_calls:
-            d["tool_calls"] = [{"id": c.id, "type": "function", "function": {"name": c.name,
-                                                                             "arguments": c.arguments or "{}"}}
-                               for c in m.tool_calls]
-        if m.role == "tool":
-            d["tool_call_id"] = m.tool_call_id
-            if m.name:
-                d["name"] = m.name
-        out.append(d)
-    return out
 
 
 class EngineReply:

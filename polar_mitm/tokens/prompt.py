@@ -33,8 +33,9 @@ _USER, _REPLY = "polar-base", "polar-base-reply"
 _BASE = (Message("user", _USER), Message("assistant", _REPLY, "polar-base-reasoning"))
 
 
-def to_template_messages(messages: tuple[Message, ...]) -> list[dict[str, Any]]:
-    """Neutral messages in the shape HF chat templates expect."""
+def to_template_messages(messages: tuple[Message, ...], text_arguments: bool = False) -> list[dict[str, Any]]:
+    """Neutral messages in the shape HF chat templates expect (tool-call arguments as objects), or with
+    `text_arguments` as the OpenAI chat API takes them (arguments as JSON text)."""
     out: list[dict[str, Any]] = []
     for m in messages:
         d: dict[str, Any] = {"role": m.role, "content": m.content}
@@ -42,7 +43,8 @@ def to_template_messages(messages: tuple[Message, ...]) -> list[dict[str, Any]]:
             d["reasoning_content"] = m.reasoning
         if m.tool_calls:
             d["tool_calls"] = [
-                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.args()}}
+                {"id": c.id, "type": "function", "function": {
+                    "name": c.name, "arguments": (c.arguments or "{}") if text_arguments else c.args()}}
                 for c in m.tool_calls
             ]
         if m.role == "tool":

@@ -20,6 +20,7 @@ from polar_traj.reading import Session, SessionFile
 from polar_traj.records import CallRecord
 from tests.polar_mitm.conftest import start_proxy
 from tests.polar_mitm.sdk_clients import CLIENTS, Way
+from tests.polar_mitm.test_proxy_real_templates import two_turn_chat
 from tests.polar_mitm.tokens.test_reply_families import TOKENIZERS
 from tests.prompt_oracle import assert_prompt_faithful
 
@@ -79,16 +80,7 @@ def test_a_family_polar_does_not_parse_is_served_by_the_engine(tmp_path, make_ti
     assert "Gemma 3's" in refused.stderr and "--render engine" in refused.stderr  # the way out, named
     proc, proxy = start_proxy(tmp_path / "proxy", backend, model, *ENGINE)
     try:
-        url, headers = f"{proxy.base_url}/v1/chat/completions", {"authorization": "Bearer gemma3-engine"}
-        messages = [{"role": "user", "content": "Say something."}]
-        for follow_up in ("And more.", None):
-            r = httpx.post(url, headers=headers, timeout=120, json={
-                "model": "m", "messages": messages, "max_tokens": 6, "temperature": 0})
-            assert r.status_code == 200, r.text
-            if follow_up:
-                messages += [{"role": "assistant", "content": r.json()["choices"][0]["message"]["content"]},
-                             {"role": "user", "content": follow_up}]
-        records = proxy.records("gemma3-engine")
+        records = two_turn_chat(proxy, "gemma3-engine")
     finally:
         stop(proc)
     assert [r["prefix_source"] for r in records] == ["rendered:engine", "rendered:engine"]

@@ -78,16 +78,7 @@ def test_a_two_turn_chat_on_each_real_template_is_exact_and_substituted(family, 
     backend = start_reference_server(None, model)
     proc, proxy = start_proxy(tmp_path / "proxy", backend, model, *PLAIN[family])
     try:
-        url, headers = f"{proxy.base_url}/v1/chat/completions", {"authorization": f"Bearer plain-{family}"}
-        messages = [{"role": "user", "content": "Say something."}]
-        for follow_up in ("And more.", None):
-            r = httpx.post(url, headers=headers, timeout=120, json={
-                "model": "m", "messages": messages, "max_tokens": 6, "temperature": 0})
-            assert r.status_code == 200, r.text
-            if follow_up:
-                messages += [{"role": "assistant", "content": r.json()["choices"][0]["message"]["content"]},
-                             {"role": "user", "content": follow_up}]
-        records = proxy.records(f"plain-{family}")
+        records = two_turn_chat(proxy, f"plain-{family}")
     finally:
         stop(proc)
     assert [r["prefix_source"] for r in records] == ["rendered:first_call", "substituted"]
@@ -101,3 +92,17 @@ def test_a_two_turn_chat_on_each_real_template_is_exact_and_substituted(family, 
         body = {"input_ids": r["prompt_ids"], "return_logprob": True,
                 "sampling_params": {"max_new_tokens": 6, "temperature": 0, "skip_special_tokens": False}}
         assert r["output_ids"] == httpx.post(backend + "/generate", json=body, timeout=60).json()["output_ids"]
+
+
+def two_turn_chat(proxy, session: str) -> list[dict]:
+    """A plain two-turn Chat Completions session (the model samples 6 tokens a turn); its records."""
+    url, headers = f"{proxy.base_url}/v1/chat/completions", {"authorization": f"Bearer {session}"}
+    messages = [{"role": "user", "content": "Say something."}]
+    for follow_up in ("And more.", None):
+        r = httpx.post(url, headers=headers, timeout=120, json={
+            "model": "m", "messages": messages, "max_tokens": 6, "temperature": 0})
+        assert r.status_code == 200, r.text
+        if follow_up:
+            messages += [{"role": "assistant", "content": r.json()["choices"][0]["message"]["content"]},
+                         {"role": "user", "content": follow_up}]
+    return proxy.records(session)
