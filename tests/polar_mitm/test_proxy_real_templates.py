@@ -85,13 +85,7 @@ def test_a_two_turn_chat_on_each_real_template_is_exact_and_substituted(family, 
     first, second = records
     assert second["prompt_ids"][: len(first["prompt_ids"]) + len(first["output_ids"])] == \
         first["prompt_ids"] + first["output_ids"]
-    tokenizer = AutoTokenizer.from_pretrained(str(model))
-    for r in records:
-        assert r["error"] is None
-        assert_prompt_faithful(r, tokenizer)
-        body = {"input_ids": r["prompt_ids"], "return_logprob": True,
-                "sampling_params": {"max_new_tokens": 6, "temperature": 0, "skip_special_tokens": False}}
-        assert r["output_ids"] == httpx.post(backend + "/generate", json=body, timeout=60).json()["output_ids"]
+    assert_exact(records, model, backend)
 
 
 def two_turn_chat(proxy, session: str) -> list[dict]:
@@ -106,3 +100,14 @@ def two_turn_chat(proxy, session: str) -> list[dict]:
             messages += [{"role": "assistant", "content": r.json()["choices"][0]["message"]["content"]},
                          {"role": "user", "content": follow_up}]
     return proxy.records(session)
+
+
+def assert_exact(records: list[dict], model, backend: str) -> None:
+    """Each record holds what the harness sent, and its ids are what the engine samples from its prompt."""
+    tokenizer = AutoTokenizer.from_pretrained(str(model))
+    for r in records:
+        assert r["error"] is None
+        assert_prompt_faithful(r, tokenizer)
+        body = {"input_ids": r["prompt_ids"], "return_logprob": True,
+                "sampling_params": {"max_new_tokens": 6, "temperature": 0, "skip_special_tokens": False}}
+        assert r["output_ids"] == httpx.post(backend + "/generate", json=body, timeout=60).json()["output_ids"]
