@@ -1,10 +1,13 @@
 """A folder of Harbor tasks through the workers (issue 31): `polar submit fixtures/harbor --group-size 2 --wait` on
 one real `celery -A workers worker` node (bubblewrap, the tasks' default image), Pi sessions against the reference
 server scripted by fixtures/policies/harbor.yaml. Every sample scores 1 from its task's tests/test.sh, and the
-rows of count-lines carry its reward.json's named rewards: a scored Parquet table with no conversion step."""
+rows of count-lines carry its reward.json's named rewards: a scored Parquet table with no conversion step. A
+multi-step task (issue 43) goes through the workers' separate stages the same way: both steps run, rows carry
+their step."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -55,3 +58,23 @@ def test_a_folder_of_harbor_tasks_is_a_scored_table(cluster: Cluster) -> None:
         task = json.loads(row.metadata)["task"]
         named = {"reward": 1.0, "exact": 1.0} if row.task_id == "count-lines" else None
         assert task.get("rewards") == named, task
+
+
+def test_a_multi_step_task_through_the_workers(cluster: Cluster) -> None:
+    tasks = cluster.root / "steps-tasks"
+    shutil.copytree(ROOT / "fixtures" / "harbor-steps" / "name-then-greet", tasks / "name-then-greet")
+    cli = subprocess.run([sys.executable, "-m", "polar.cli", "submit", str(tasks), "--group-size", "2",
+                          "--adapter", "pi", "--wait", "--timeout", "600", "--out", str(cluster.root / "batches"),
+                          "--broker", cluster.broker, "--sessions", cluster.sessions],
+                         cwd=ROOT, capture_output=True, text=True, timeout=700)
+    printed = cli.stdout + cli.stderr
+    assert cli.returncode == 0, printed
+    batch = cluster.client.batch(cli.stdout.split()[1].rstrip(":"))
+    results = batch.results()
+    assert len(results) == 2, printed
+    for r in results:
+        assert (r["status"], r["failure"], r["reward"]) == ("completed", None, 1.0), r
+        assert [(s["name"], s["reward"]) for s in r["steps"]] == [("write-name", 1.0), ("greet", 1.0)], r
+    df = batch.trajectories()
+    steps = {json.loads(m)["task"]["step"] for m in df.metadata}
+    assert steps == {"write-name", "greet"} and (df.reward == 1.0).all() and (df.weight == 1.0).all()
