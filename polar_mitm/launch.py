@@ -16,6 +16,8 @@ from polar_mitm.engines.backends import parse_backends
 ADDON = Path(__file__).resolve().parent / "addon.py"
 
 
+PEM_END = b"-----END CERTIFICATE-----"  # a CA file is whole once its certificate ends
+
 def free_port() -> int:
     """A loopback port free now. Only now: a launcher retries on fresh ports when its child's bind lost the race
     (`port_taken`), up to PORT_ATTEMPTS times."""
@@ -68,12 +70,20 @@ def wait_for_port(port: int, proc: subprocess.Popen, log: Path, timeout: float =
 
 
 def wait_for_file(path: Path, proc: subprocess.Popen, log: Path, timeout: float = 30.0) -> None:
-    """mitmproxy writes its CA just after its listeners are up."""
+    """mitmproxy writes its CA just after its listeners are up, in place: wait until the PEM is whole. (Once,
+    under load, a sample copied the CA while it was still empty, and every TLS handshake of its harness failed.)"""
     deadline = time.monotonic() + timeout
-    while not path.is_file():
+    while not _whole_pem(path):
         if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"no {path} (exit {proc.poll()}); log {log}:\n{_tail(log)}")
+            raise RuntimeError(f"no whole {path} (exit {proc.poll()}); log {log}:\n{_tail(log)}")
         time.sleep(0.05)
+
+
+def _whole_pem(path: Path) -> bool:
+    try:
+        return PEM_END in path.read_bytes()
+    except OSError:
+        return False
 
 
 def _tail(log: Path, n: int = 3000) -> str:
