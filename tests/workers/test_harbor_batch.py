@@ -11,7 +11,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import pytest
 
@@ -40,14 +40,19 @@ def cluster(tmp_path_factory, tiny_model_dir: Path, start_reference_server: Call
         node.stop()
 
 
-def test_a_folder_of_harbor_tasks_is_a_scored_table(cluster: Cluster) -> None:
-    cli = subprocess.run([sys.executable, "-m", "polar.cli", "submit", str(HARBOR), "--group-size", "2",
+def submit(cluster: Cluster, tasks: Path) -> tuple[Any, str]:
+    """`polar submit TASKS --group-size 2 --adapter pi --wait` to the cluster: the batch, and what it printed."""
+    cli = subprocess.run([sys.executable, "-m", "polar.cli", "submit", str(tasks), "--group-size", "2",
                           "--adapter", "pi", "--wait", "--timeout", "600", "--out", str(cluster.root / "batches"),
                           "--broker", cluster.broker, "--sessions", cluster.sessions],
                          cwd=ROOT, capture_output=True, text=True, timeout=700)
     printed = cli.stdout + cli.stderr
     assert cli.returncode == 0, printed
-    batch = cluster.client.batch(cli.stdout.split()[1].rstrip(":"))
+    return cluster.client.batch(cli.stdout.split()[1].rstrip(":")), printed
+
+
+def test_a_folder_of_harbor_tasks_is_a_scored_table(cluster: Cluster) -> None:
+    batch, _printed = submit(cluster, HARBOR)
     results = batch.results()
     assert sorted(r["task_id"] for r in results) == ["count-lines"] * 2 + ["fix-mul"] * 2 + ["write-hello"] * 2
     for r in results:
@@ -63,13 +68,7 @@ def test_a_folder_of_harbor_tasks_is_a_scored_table(cluster: Cluster) -> None:
 def test_a_multi_step_task_through_the_workers(cluster: Cluster) -> None:
     tasks = cluster.root / "steps-tasks"
     shutil.copytree(ROOT / "fixtures" / "harbor-steps" / "name-then-greet", tasks / "name-then-greet")
-    cli = subprocess.run([sys.executable, "-m", "polar.cli", "submit", str(tasks), "--group-size", "2",
-                          "--adapter", "pi", "--wait", "--timeout", "600", "--out", str(cluster.root / "batches"),
-                          "--broker", cluster.broker, "--sessions", cluster.sessions],
-                         cwd=ROOT, capture_output=True, text=True, timeout=700)
-    printed = cli.stdout + cli.stderr
-    assert cli.returncode == 0, printed
-    batch = cluster.client.batch(cli.stdout.split()[1].rstrip(":"))
+    batch, printed = submit(cluster, tasks)
     results = batch.results()
     assert len(results) == 2, printed
     for r in results:
