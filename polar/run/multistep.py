@@ -30,7 +30,7 @@ from polar.run.session import (HarnessSetup, copy_workspace, exec_harness, harne
 from polar.run.state import SampleState
 from polar.run.summary import WorkspaceTooLarge, changed_files, snapshot
 from polar.sandbox.runtime import Sandbox
-from polar.tasks.evaluation import read_tail, task_env
+from polar.tasks.evaluation import script_failure
 from polar.tasks.spec import TaskSpec
 from polar.tasks.steps import below_floor, put_step_files, step_session_id, step_task, task_reward, untouched_before
 
@@ -172,14 +172,9 @@ def _failed(state: SampleState, sandbox: Sandbox, what: str, script: str, timeou
             ) -> str | None:
     """A step's setup.sh or healthcheck in the agent's sandbox, in the workdir: None when it passed, else how it
     failed."""
-    mounts, stem = state.mounts, what.replace(".sh", "")
-    ran = sandbox.exec(["bash", "-c", script], task_env(mounts, state.task.env), mounts.cwd, timeout,
-                       folder / f"{stem}.stdout", folder / f"{stem}.stderr")
-    if not ran.timed_out and ran.exit_code == 0:
-        return None
-    how = f"timed out after {timeout:g}s" if ran.timed_out else f"exited {ran.exit_code}"
-    tail = " ".join(read_tail(folder / f"{stem}.stderr").split())[-300:]
-    return f"{what} {how}: {tail}".rstrip(": ")
+    failed = script_failure(sandbox, state.mounts, state.task.env, ["bash", "-c", script], timeout,
+                            folder / what.replace(".sh", ""))
+    return f"{what} {failed}".rstrip(": ") if failed else None
 
 
 def _read(path: Path) -> dict[str, str]:

@@ -45,7 +45,7 @@ from polar.sandbox.occupancy import occupying
 from polar.sandbox.runtime import Mounts, Sandbox, get_runtime, resolve_runtime
 from polar.tasks.artifacts import keep_artifacts
 from polar.tasks.evaluate import Evaluation, EvaluatorCrash, evaluate
-from polar.tasks.evaluation import read_tail, task_env
+from polar.tasks.evaluation import script_failure
 from polar.tasks.image_task import resolve_image_task
 from polar.tasks.precheck import check_verifier
 from polar.tasks.spec import TaskSpec
@@ -187,12 +187,10 @@ def _healthy(task: TaskSpec, sandbox: Sandbox, mounts: Mounts, state: SampleStat
     """The task's healthcheck in the agent's sandbox, before the agent: a failing one fails the sample as
     infrastructure (the environment is not what the task expects). The workspace is snapshotted again after it."""
     out = state.out
-    ran = sandbox.exec(["sh", "-c", task.healthcheck or "true"], task_env(mounts, task.env), mounts.cwd,
-                       task.healthcheck_timeout_s, out / "healthcheck.stdout", out / "healthcheck.stderr")
-    if ran.timed_out or ran.exit_code != 0:
-        how = f"timed out after {task.healthcheck_timeout_s:g}s" if ran.timed_out else f"exited {ran.exit_code}"
-        tail = " ".join(read_tail(out / "healthcheck.stderr").split())[-300:]
-        state.fail("prepare", f"the task's healthcheck {how}: {tail}")
+    failed = script_failure(sandbox, mounts, task.env, ["sh", "-c", task.healthcheck or "true"],
+                            task.healthcheck_timeout_s, out / "healthcheck")
+    if failed:
+        state.fail("prepare", f"the task's healthcheck {failed}")
         return False
     snapshot_workspace(mounts, out)
     return True

@@ -1,6 +1,7 @@
 """What every evaluator shares: its result (`Evaluation`), the failure that is not the agent's
 (`EvaluatorCrash`), the task's environment in the verify sandbox, the rule for a verifier's timeout, and how
-much of its output is kept."""
+much of its output is kept; and how a task's own shell line (a healthcheck, a step's setup.sh) fails in a sandbox
+(`script_failure`)."""
 from __future__ import annotations
 
 import os
@@ -10,7 +11,7 @@ from types import MappingProxyType
 from typing import Mapping
 
 from polar.sandbox import occupancy
-from polar.sandbox.runtime import Mounts
+from polar.sandbox.runtime import Mounts, Sandbox
 from polar.tasks.spec import EvaluatorSpec
 
 OUTPUT_LIMIT = 20000  # characters of evaluator output kept
@@ -55,6 +56,18 @@ def verifier_timeout(spec: EvaluatorSpec, timeout_s: float, output: str) -> Eval
                              f"running on {cores} cores): {spec.command or spec.python or spec.kind}", output)
     return Evaluation(0.0, output + f"\n[polar] the task's verifier timed out after {timeout_s:g}s ({busy} "
                       f"sample stages running on {cores} cores): reward 0", None)
+
+
+def script_failure(sandbox: Sandbox, mounts: Mounts, env: Mapping[str, str], argv: list[str], timeout_s: float,
+                   stem: Path) -> str | None:
+    """Run a task's own shell line (argv) in `sandbox`, in the workdir, its output in `stem`.stdout/.stderr: None
+    when it exits 0, else how it failed ("exited N: " or "timed out after Ss: ", then its stderr's tail)."""
+    err = stem.with_name(f"{stem.name}.stderr")
+    ran = sandbox.exec(argv, task_env(mounts, env), mounts.cwd, timeout_s, stem.with_name(f"{stem.name}.stdout"), err)
+    if not ran.timed_out and ran.exit_code == 0:
+        return None
+    how = f"timed out after {timeout_s:g}s" if ran.timed_out else f"exited {ran.exit_code}"
+    return f"{how}: {' '.join(read_tail(err).split())[-300:]}"
 
 
 def read_tail(path: Path) -> str:

@@ -46,8 +46,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping, Sequence
 
-from polar.tasks.task import (HEALTHCHECK_TIMEOUT_S, LOGS_AT, SESSION_MARGIN_S, SOLUTION_AT, STEP_STRATEGIES, TESTS_AT,
-                              EvaluatorSpec, StepSpec, Submit, TaskError, TaskSpec)
+from polar.tasks.task import (HEALTHCHECK_TIMEOUT_S, LOGS_AT, SESSION_MARGIN_S, SETUP_SCRIPT, SOLUTION_AT,
+                              STEP_STRATEGIES, TESTS_AT, EvaluatorSpec, StepSpec, Submit, TaskError, TaskSpec)
 from polar.tasks.agent_files import AgentFileError, read_beneath
 from polar.tasks.roots import inside, outside, tasks_roots
 from polar_traj.records import check_id
@@ -61,7 +61,6 @@ POLAR_PATHS = (TESTS_AT, LOGS_AT, SOLUTION_AT, "/.polar", "/proc", "/dev", "/tmp
 DEFAULT_TIMEOUT_S = 600.0  # Harbor's default for the agent and for the verifier
 TEST_COMMAND = ("bash", f"{TESTS_AT}/test.sh")
 MIN_MEMORY_MB = 16  # polar/sandbox/limits.py's floor
-SETUP_SCRIPT = "setup.sh"  # a step's workdir/setup.sh: Harbor's setup hook
 SETUP_LIMIT = 100_000  # characters: it is passed to bash -c (one argument)
 _MEMORY = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]?)B?", re.I)
 

@@ -17,6 +17,7 @@ from typing import Any
 from polar.sandbox.identity import copy_without_privileges
 from polar.sandbox.runtime import Mounts, Sandbox, get_runtime, resolve_runtime
 from polar.tasks.evaluate import Evaluation, EvaluatorCrash, evaluate, task_env
+from polar.tasks.evaluation import script_failure
 from polar.tasks.image_task import resolve_image_task
 from polar.tasks.precheck import pristine
 from polar.tasks.steps import below_floor, put_step_files, step_task, task_reward
@@ -65,11 +66,10 @@ def _steps(task: TaskSpec, runtime: str, sandbox: Sandbox, sandboxes: Any, mount
     for i, step in enumerate(task.steps):
         put_step_files(step, mounts.workspace)
         for script, stem in ((step.setup, "setup"), (step.healthcheck, "healthcheck")):
-            if script:
-                done = sandbox.exec(["bash", "-c", script], task_env(mounts, task.env), mounts.cwd, step.timeout_s,
-                                    out / f"{i + 1}-{stem}.stdout", out / f"{i + 1}-{stem}.stderr")
-                if done.timed_out or done.exit_code != 0:
-                    raise EvaluatorCrash(f"step {step.name}: its {stem} failed (exit {done.exit_code})")
+            failed = script and script_failure(sandbox, mounts, task.env, ["bash", "-c", script], step.timeout_s,
+                                               out / f"{i + 1}-{stem}")
+            if failed:
+                raise EvaluatorCrash(f"step {step.name}: its {stem} {failed}")
         spec = step_task(task, i)
         ran = _solve(spec, sandbox, mounts, step.solution, out) if step.solution else 0
         evaluation = _verify(spec, sandboxes, out, ran)

@@ -28,11 +28,10 @@ from typing import Any, Mapping
 from polar.sandbox.identity import copy_without_privileges
 from polar.tasks.agent_files import put_beneath
 from polar.tasks.allow import pristine
-from polar.tasks.task import StepSpec, TaskSpec
+from polar.tasks.task import SETUP_SCRIPT, StepSpec, TaskSpec
 
 CACHE_ENV = "POLAR_STEP_CACHE"
 DEFAULT_CACHE = "~/.cache/polar/steps"
-SETUP_SCRIPT = "setup.sh"  # a step's workdir/setup.sh: run before the step, never copied into the workspace
 
 
 def cache_root() -> Path:

@@ -71,6 +71,7 @@ class EvaluatorSpec:
 
 
 STEP_STRATEGIES = ("mean", "final")  # a multi-step task's reward: Harbor's multi_step_reward_strategy
+SETUP_SCRIPT = "setup.sh"  # a step's workdir/setup.sh: Harbor's setup hook, run before the step, never copied in
 
 
 @dataclass(frozen=True)
