@@ -1,5 +1,8 @@
-"""What a scripted policy can see of a prompt: the decoded text read back into ChatML turns, the tools offered in
-the system turn's <tools> block, and the tool results (<tool_response> blocks or `tool` turns)."""
+"""What a scripted policy can see of a prompt: the decoded text read back into turns, the tools offered and the
+tool results. Two layouts: ChatML (Qwen: tools in the system turn's <tools> block, results in <tool_response>
+blocks or `tool` turns) and Gemma 3's turns as Polar's template writes them with tools
+(polar_mitm/tokens/templates/gemma3_tools.jinja: each tool's JSON on a line of the first user turn, results in
+```tool_output blocks of user turns; its `model` role read as `assistant`)."""
 from __future__ import annotations
 
 import json
@@ -9,20 +12,21 @@ from dataclasses import dataclass
 TURN = re.compile(r"<\|im_start\|>([^\n]*)\n(.*?)(<\|im_end\|>|\Z)", re.DOTALL)
 TOOLS_BLOCK = re.compile(r"<tools>\s*(.*?)\s*</tools>", re.DOTALL)
 TOOL_RESPONSE = re.compile(r"<tool_response>\s*(.*?)\s*</tool_response>", re.DOTALL)
+GEMMA_TURN = re.compile(r"<start_of_turn>([^\n]*)\n(.*?)(<end_of_turn>|\Z)", re.DOTALL)
+TOOL_OUTPUT = re.compile(r"```tool_output\n(.*?)\n```", re.DOTALL)
 
 
 @dataclass(frozen=True)
 class Turn:
     role: str
     content: str
-    tool_results: int  # <tool_response> blocks in it (1 for a `tool` turn)
+    tool_results: int  # <tool_response> (or ```tool_output) blocks in it (1 for a `tool` turn)
+    only_results: bool = False  # nothing in it but those blocks
 
     @property
     def is_tool_result(self) -> bool:
-        """A turn that carries only tool output (Qwen puts tool results in user turns)."""
-        if self.role == "tool":
-            return True
-        return self.tool_results > 0 and not TOOL_RESPONSE.sub("", self.content).strip()
+        """A turn that carries only tool output (Qwen and Gemma put tool results in user turns)."""
+        return self.role == "tool" or (self.tool_results > 0 and self.only_results)
 
 
 @dataclass(frozen=True)
@@ -91,12 +95,19 @@ def _tool_names(system: str) -> tuple[str, ...]:
 
 
 def parse_prompt(text: str) -> PromptView:
+    gemma = "<start_of_turn>" in text
+    turn, results = (GEMMA_TURN, TOOL_OUTPUT) if gemma else (TURN, TOOL_RESPONSE)
     turns = []
-    for match in TURN.finditer(text):
+    for match in turn.finditer(text):
         role, content, end = match.group(1).strip(), match.group(2), match.group(3)
         if not end:
             break  # the open turn the model is asked to continue
-        count = 1 if role == "tool" else len(TOOL_RESPONSE.findall(content))
-        turns.append(Turn(role, content, count))
-    system = next((t.content for t in turns if t.role == "system"), "")
-    return PromptView(text=text, turns=tuple(turns), tools=_tool_names(system))
+        role = "assistant" if gemma and role == "model" else role
+        count = 1 if role == "tool" else len(results.findall(content))
+        turns.append(Turn(role, content, count, not results.sub("", content).strip()))
+    if gemma:  # the tools' schemas open the first user turn, one JSON object a line
+        first = turns[0].content if turns else ""
+        tools = _names("\n".join(line for line in first.splitlines() if line.startswith('{"name": ')))
+    else:
+        tools = _tool_names(next((t.content for t in turns if t.role == "system"), ""))
+    return PromptView(text=text, turns=tuple(turns), tools=tools)

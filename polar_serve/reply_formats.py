@@ -10,6 +10,8 @@ calls in the family's own markup, so the proxy's parsers meet the sequences a mo
   mistral      [THINK]…[/THINK]       [TOOL_CALLS]NAME[ARGS]{…} per call (v11)
   llama3_json  (none: dropped)        {"name": …, "parameters": {…}}; … (after <|python_tag|> when there is content)
   harmony      analysis channel       commentary to=functions.NAME <|constrain|>json, one message per call
+  tool_code    (none: dropped)        ```tool_code\nNAME(KEY=VALUE, …)\n…```, values as JSON (Gemma 3 with
+                                      polar_mitm/tokens/templates/gemma3_tools.jinja, which renders past calls so)
 Arguments given as text (a policy's raw JSON, possibly malformed on purpose) are written as they are.
 """
 from __future__ import annotations
@@ -17,13 +19,21 @@ from __future__ import annotations
 import json
 from typing import Any, Sequence
 
-REPLY_FORMATS = ("hermes", "qwen3_coder", "glm45", "deepseek_v3", "kimi_k2", "mistral", "llama3_json", "harmony")
+REPLY_FORMATS = ("hermes", "qwen3_coder", "glm45", "deepseek_v3", "kimi_k2", "mistral", "llama3_json", "harmony",
+                 "tool_code")
 
 Call = tuple[str, Any]  # (name, arguments: a dict, or JSON text written as it is)
 
 
 def _json(args: Any) -> str:
     return args if isinstance(args, str) else json.dumps(args if args is not None else {}, ensure_ascii=False)
+
+
+def _json_or_none(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return None
 
 
 def _value(value: Any) -> str:
@@ -52,6 +62,12 @@ def _qwen3_coder(name: str, args: Any) -> str:
 def _glm45(name: str, args: Any) -> str:
     pairs = "".join(f"<arg_key>{k}</arg_key>\n<arg_value>{_value(v)}</arg_value>\n" for k, v in _items(args))
     return f"<tool_call>{name}\n{pairs}</tool_call>"
+
+
+def _tool_code(name: str, args: Any) -> str:
+    if isinstance(args, str) and not isinstance(_json_or_none(args), dict):
+        return f"{name}({args})"  # raw text that is no object (malformed on purpose?), written as it is
+    return f"{name}(" + ", ".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in _items(args)) + ")"
 
 
 def write_reply(fmt: str, think: str | None, content: str, calls: Sequence[Call]) -> str:
@@ -89,4 +105,9 @@ def write_reply(fmt: str, think: str | None, content: str, calls: Sequence[Call]
         messages += [f" to=functions.{name}<|channel|>commentary <|constrain|>json<|message|>{_json(args)}"
                      for name, args in calls]
         return "<|end|><|start|>assistant".join(messages)
+    if fmt == "tool_code":
+        if not calls:
+            return content
+        block = "```tool_code\n" + "".join(_tool_code(name, args) + "\n" for name, args in calls) + "```"
+        return f"{content}\n{block}" if content else block
     raise ValueError(f"unknown reply format {fmt!r}; expected one of {', '.join(REPLY_FORMATS)}")

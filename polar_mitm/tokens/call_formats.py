@@ -13,12 +13,18 @@ parsed there.
   mistral      [TOOL_CALLS][{"name": …, "arguments": {…}}, …] (v3/v7) or [TOOL_CALLS]NAME[ARGS]{…} (v11, with
                an optional [CALL_ID]ID), each call running to the next [TOOL_CALLS] or the end of the reply
   llama3_json  {"name": …, "parameters": {…}} as the whole reply, or after <|python_tag|>; several joined by ;
+  tool_code    ```tool_code\nNAME(KEY=VALUE, …)\n```: Python calls with keyword arguments, one per line (or a list
+               of them), the prompt-based form of Gemma 3 (polar_mitm/tokens/templates/gemma3_tools.jinja)
 A VALUE in an XML-ish call (qwen3_coder, glm45) that is valid JSON is decoded, else kept as a string.
 """
 from __future__ import annotations
 
+import ast
+import io
 import json
+import keyword
 import re
+import tokenize
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -153,6 +159,71 @@ def parse_llama3_json(body: str) -> list[Call] | None:
     return calls or None
 
 
+# Names a model may write for JSON's constants in a Python call (the template writes values as JSON).
+_NAMED_CONSTANTS = {"true": True, "false": False, "null": None, "True": True, "False": False, "None": None}
+
+
+def _literal(node: ast.expr) -> Any:
+    """A Python or JSON literal → its value; ValueError for anything else (a name, a call, an operation)."""
+    if isinstance(node, ast.Constant) and (node.value is None or isinstance(node.value, (str, int, float))):
+        return node.value  # (not bytes, complex or Ellipsis: no JSON for them)
+    if isinstance(node, ast.Name) and node.id in _NAMED_CONSTANTS:
+        return _NAMED_CONSTANTS[node.id]
+    if isinstance(node, (ast.List, ast.Tuple)):
+        return [_literal(e) for e in node.elts]
+    if isinstance(node, ast.Dict) and None not in node.keys:
+        return {_literal(k): _literal(v) for k, v in zip(node.keys, node.values)}  # type: ignore[arg-type]
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) and isinstance(node.operand, ast.Constant) \
+            and isinstance(node.operand.value, (int, float)) and not isinstance(node.operand.value, bool):
+        return -node.operand.value
+    raise ValueError(ast.dump(node))
+
+
+_KEYWORD = "__polar_keyword_"  # a tool or argument named like a Python keyword (`from`), renamed to parse
+
+
+def _unkeyword(source: str) -> str:
+    """`source` with each Python keyword used as a name (before `=` or `(`) renamed `_KEYWORD + name`: a
+    tool's argument may well be called `from` or `class`. Tokenized, so text inside strings is never touched."""
+    tokens = [t for t in tokenize.generate_tokens(io.StringIO(source).readline)]
+    out = []
+    for i, t in enumerate(tokens):
+        after = next((n for n in tokens[i + 1:] if n.type not in (tokenize.NL, tokenize.COMMENT)), None)
+        renamed = t.type == tokenize.NAME and keyword.iskeyword(t.string) and t.string not in _NAMED_CONSTANTS \
+            and after is not None and after.type == tokenize.OP and after.string in ("=", "(")
+        out.append((t.type, _KEYWORD + t.string if renamed else t.string))
+    return tokenize.untokenize(out)
+
+
+def _python_call(node: ast.expr) -> Call:
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "print" \
+            and len(node.args) == 1 and not node.keywords:
+        node = node.args[0]  # print(NAME(…)): the form Gemma's cookbooks show
+    if not isinstance(node, ast.Call) or node.args or not all(k.arg for k in node.keywords):
+        raise ValueError("not a call with keyword arguments only")
+    name = ast.unparse(node.func).replace(_KEYWORD, "")
+    if not re.fullmatch(r"[A-Za-z_][\w.]*", name):
+        raise ValueError(name)
+    return name, {k.arg.removeprefix(_KEYWORD): _literal(k.value) for k in node.keywords}  # type: ignore[union-attr]
+
+
+def parse_tool_code(body: str) -> list[Call] | None:
+    """A ```tool_code block's lines: `NAME(KEY=VALUE, …)` each (or `[A(…), B(…)]`), values Python or JSON
+    literals → calls, or None when any part is something else. Never evaluated: read as a syntax tree."""
+    try:
+        tree = ast.parse(_unkeyword(body.strip()), mode="exec")
+        calls: list[Call] = []
+        for statement in tree.body:
+            if not isinstance(statement, ast.Expr):
+                return None
+            value = statement.value
+            calls += [_python_call(e) for e in value.elts] if isinstance(value, (ast.List, ast.Tuple)) \
+                else [_python_call(value)]
+    except (SyntaxError, tokenize.TokenError, ValueError, TypeError, RecursionError):  # TypeError: unhashable key
+        return None
+    return calls or None
+
+
 def _one(parse: Callable[[str], Call | None]) -> Callable[[str], list[Call] | None]:
     def parse_list(body: str) -> list[Call] | None:
         call = parse(body)
@@ -180,4 +251,5 @@ CALL_FORMATS: dict[str, CallFormat] = {
                           ("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>")),
     "mistral": CallFormat("[TOOL_CALLS]", None, parse_mistral),
     "llama3_json": CallFormat("<|python_tag|>", None, parse_llama3_json, bare_json=True),
+    "tool_code": CallFormat("```tool_code", "```", parse_tool_code),
 }

@@ -6,6 +6,9 @@ family it does not parse yet is refused with one line naming the family and the 
 force one, when the user knows the model writes that form anyway; `--render engine`, polar_mitm/engines/chat.py,
 to let the engine render and parse). A template that renders no tool calls at all
 gets no tool parser: replies are text (and `template_dropped_tools` flags each request that offered tools).
+Gemma 3 is the exception: its calling is prompt-based, so its template (which renders no tools) is replaced by
+Polar's own, polar_mitm/tokens/templates/gemma3_tools.jinja: the same text without tools, the tools and past
+calls in the prompt-based form with them. The proxy says so at start; `--tool-parser none` keeps Gemma's own.
 
   markers                                        family            tool parser
   <|channel|>                                    gpt-oss harmony   harmony (reasoning too: the analysis channel)
@@ -16,14 +19,19 @@ gets no tool parser: replies are text (and `template_dropped_tools` flags each r
   <tool_call> … <function=                       Qwen3-Coder       qwen3_coder
   <tool_call>                                    Qwen2.5/3, Hermes hermes
   <|python_tag|>, <|start_header_id|>ipython     Llama 3.x         llama3_json
-  <start_of_turn>                                Gemma 3           (not yet: its template renders no tools)
+  ```tool_code                                   Gemma 3, Polar's  tool_code
+  <start_of_turn>                                Gemma 3           tool_code, with Polar's template (above)
 Reasoning: `think` when the template writes <think>, `mistral` when it writes [THINK], else none.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from pathlib import Path
 
 from polar_mitm.tokens.reply_parser import TOOL_PARSERS as PARSED
+
+TEMPLATES = Path(__file__).with_name("templates")
 # (family, a marker its template writes, the parser; None: not parsed yet). First match wins: the more specific
 # markers go first (Qwen3-Coder's <tool_call> holds <function=; GLM's holds <arg_key>).
 FAMILIES: tuple[tuple[str, tuple[str, ...], str | None], ...] = (
@@ -35,8 +43,11 @@ FAMILIES: tuple[tuple[str, tuple[str, ...], str | None], ...] = (
     ("Qwen3-Coder", ("<function=",), "qwen3_coder"),
     ("Qwen/Hermes", ("<tool_call>",), "hermes"),
     ("Llama 3", ("<|python_tag|>", "ipython"), "llama3_json"),
-    ("Gemma 3", ("<start_of_turn>",), None),
+    ("Gemma 3 (tool_code)", ("```tool_code",), "tool_code"),  # Polar's Gemma 3 template, saved with a model
+    ("Gemma 3", ("<start_of_turn>",), "tool_code"),
 )
+# Families whose own template renders no tools, and Polar's template that renders them the family's way.
+OWN_TEMPLATES = {"Gemma 3": TEMPLATES / "gemma3_tools.jinja"}
 
 
 @dataclass(frozen=True)
@@ -44,6 +55,7 @@ class Formats:
     family: str
     tool_parser: str | None  # None: the template renders no tool calls; replies are text
     reasoning_parser: str | None  # "think", "mistral", "harmony" or None
+    template: Path | None = None  # Polar's template, rendered instead of the model's (OWN_TEMPLATES)
 
 
 def detect(template: str) -> Formats:
@@ -51,11 +63,13 @@ def detect(template: str) -> Formats:
     tool calls the proxy does not parse yet."""
     for family, markers, parser in FAMILIES:
         if any(m in template for m in markers):
-            if parser is None:
+            own = OWN_TEMPLATES.get(family)
+            if parser is None or (own is not None and re.search(r"\btools\b", template)):
+                # (a template of that family that renders tools itself writes them some other way)
                 raise ValueError(f"the chat template is {family}'s, whose tool calls the proxy does not parse yet "
                                  f"(it parses {', '.join(PARSED)}); pass --tool-parser NAME if the model writes "
                                  "one of those, or --render engine to let the engine render and parse")
-            return Formats(family, parser, "harmony" if parser == "harmony" else reasoning_of(template))
+            return Formats(family, parser, "harmony" if parser == "harmony" else reasoning_of(template), own)
     return Formats("no tool calls in the template", None, reasoning_of(template))
 
 

@@ -85,6 +85,8 @@ def load_model(spec: str, tool_parser: str = "auto", reasoning_parser: str = "au
     template = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else json.dumps(
         tokenizer.chat_template)  # a list of named templates in some tokenizer configs
     formats = detect(template) if tool_parser == "auto" else None  # ValueError: a family not parsed yet
+    if formats is not None and formats.template is not None:  # Gemma 3: Polar's template renders its tools
+        template = tokenizer.chat_template = formats.template.read_text()
     tools = formats.tool_parser if formats else (None if tool_parser == "none" else tool_parser)
     if reasoning_parser == "auto":
         reasoning_parser = (formats.reasoning_parser if formats else
@@ -109,7 +111,8 @@ def load_model(spec: str, tool_parser: str = "auto", reasoning_parser: str = "au
         starts_in_reasoning=bool(reasoning) and opened,
         template_drops=template_drops(renderer),
         max_token_bytes=longest_token(tokenizer),
-        family=formats.family if formats else f"given: --tool-parser {tool_parser}",
+        family=(f"{formats.family}; tools rendered by Polar's {formats.template.name}" if formats and formats.template
+                else formats.family if formats else f"given: --tool-parser {tool_parser}"),
     )
 
 

@@ -2,11 +2,12 @@
 reference server's chat endpoint: the official SDKs of each API, streamed and not, get the engine's parsed tool
 call and reply; every record is the engine's own prompt and sampled ids (`rendered:engine`), exact against its
 token API, holding every text the harness sent; the tool turn re-renders as sampled, so the session still merges
-into one chain by token prefix. A model whose template Polar does not parse (the real Gemma 3 tokenizer) is
-refused in proxy mode and served in engine mode."""
+into one chain by token prefix. A model whose template Polar does not parse (the real Gemma 3 tokenizer with a
+template that renders tools its own way) is refused in proxy mode and served in engine mode."""
 from __future__ import annotations
 
 import itertools
+import json
 import subprocess
 import sys
 
@@ -21,6 +22,7 @@ from polar_traj.records import CallRecord
 from tests.polar_mitm.conftest import start_proxy
 from tests.polar_mitm.sdk_clients import CLIENTS, Way
 from tests.polar_mitm.test_proxy_real_templates import assert_exact, two_turn_chat
+from tests.polar_mitm.tokens.test_family import GEMMA_WITH_TOOLS
 from tests.polar_mitm.tokens.test_reply_families import TOKENIZERS
 from tests.prompt_oracle import assert_prompt_faithful
 
@@ -68,10 +70,13 @@ def test_the_engines_reply_reaches_each_sdk_and_every_call_is_exact(engine_proxy
 
 
 def test_a_family_polar_does_not_parse_is_served_by_the_engine(tmp_path, make_tiny_model, start_reference_server):
-    """The real Gemma 3 template: refused in one line when the proxy renders, served when the engine does."""
+    """Refused in one line when the proxy renders, served when the engine does."""
     tokenizer_dir = TOKENIZERS / "gemma3"
     assert (tokenizer_dir / ".installed").is_file(), f"{tokenizer_dir}: run `make setup`"
     model = make_tiny_model.write_for_tokenizer(tokenizer_dir, tmp_path / "tiny-gemma3")
+    config = json.loads((model / "tokenizer_config.json").read_text())
+    config["chat_template"] = GEMMA_WITH_TOOLS + "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+    (model / "tokenizer_config.json").write_text(json.dumps(config))
     backend = start_reference_server(None, model)
     refused = subprocess.run([sys.executable, "-m", "polar.cli", "proxy", "--tokenizer", str(model), "--backend",
                               backend, "--proxy-port", str(free_port()), "--base-url-port", str(free_port()),

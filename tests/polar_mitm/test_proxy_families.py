@@ -15,9 +15,9 @@ from tests.polar_mitm.conftest import start_proxy
 from tests.polar_mitm.sdk_clients import CLIENTS, Way
 
 FORMATS = {"deepseek_v3": "think", "glm45": "think", "kimi_k2": "think", "mistral": "mistral",
-           "llama3_json": "none", "harmony": "harmony"}
+           "llama3_json": "none", "harmony": "harmony", "tool_code": "none"}
 MARKUP = ("<think>", "[THINK]", "<|channel|>", "<|message|>", "[TOOL_CALLS]", "[ARGS]", "<tool_call>", "<arg_key>",
-          "<｜tool▁call▁begin｜>", "<|tool_call_begin|>", "<|python_tag|>", '"parameters"')
+          "<｜tool▁call▁begin｜>", "<|tool_call_begin|>", "<|python_tag|>", '"parameters"', "```tool_code")
 _ids = itertools.count()
 
 
@@ -43,6 +43,6 @@ def test_each_familys_call_reaches_the_harness(family_proxy, api, stream):
     assert first["error"] is None and second["error"] is None
     assert not any("unparsed_tool_call" in r["flags"] for r in (first, second))
     said = json.dumps(first["response"], ensure_ascii=False)  # the provider-shaped reply the harness got
-    assert ("I will write the file with the shell tool." in said) == (FORMATS[fmt] != "none")  # Llama: none
+    assert ("I will write the file with the shell tool." in said) == (FORMATS[fmt] != "none")  # Llama, Gemma: none
     assert not any(mark in said for mark in MARKUP), said  # no family markup leaks to the harness
     assert second["prefix_source"] == "substituted"  # the family's markup is kept in the history, token-exact

@@ -1,7 +1,8 @@
 """Sessions through a real mitmdump on a model with a real family's tokenizer and chat template (issue 45): the
-Qwen3 tokenizer and template as published (fetched at setup), random tiny weights over its 151k vocabulary
-(scripts/make_tiny_model.py --from-tokenizer), the reference server sampling from them. Qwen3's template renders
-reasoning only in the turns after the last user message; the proxy still finds a tool turn's history as an append
+Qwen3 and Gemma 3 tokenizers and templates as published (fetched at setup), random tiny weights over their
+vocabularies (scripts/make_tiny_model.py --from-tokenizer), the reference server sampling from them. Qwen3's
+template renders reasoning only in the turns after the last user message; Gemma 3's renders no tools, so the proxy
+renders its tool sessions with Polar's template. Either way the proxy finds a tool turn's history as an append
 (substituted), so the session merges into one chain, and every call is exact against the engine."""
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from polar_mitm.launch import stop
+from polar_mitm.tokens.family import OWN_TEMPLATES
 from polar_traj.build import BuildConfig, build_session
 from polar_traj.reading import Session, SessionFile
 from polar_traj.records import CallRecord
@@ -38,41 +40,72 @@ def qwen3_proxy(tmp_path_factory, start_reference_server, policies_dir, tiny_qwe
     stop(proc)
 
 
+@pytest.fixture(scope="module")
+def gemma3_proxy(tmp_path_factory, start_reference_server, policies_dir, make_tiny_model):
+    """The real Gemma 3 tokenizer: the proxy renders with Polar's template for its tools (auto), the reference
+    server writes the policy's calls the way that template renders past calls (`--reply-format tool_code`)."""
+    tokenizer = TOKENIZERS / "gemma3"
+    assert (tokenizer / ".installed").is_file(), f"{tokenizer}: run `make setup` (scripts/fetch_tokenizers.sh)"
+    model = make_tiny_model.write_for_tokenizer(tokenizer, tmp_path_factory.mktemp("tiny-gemma3") / "tiny-gemma3")
+    backend = start_reference_server(policies_dir / "tool-call.yaml", model, "--reply-format", "tool_code")
+    proc, handle = start_proxy(tmp_path_factory.mktemp("gemma3-proxy"), backend, model)
+    yield handle, model
+    stop(proc)
+
+
 @pytest.mark.parametrize("api", ["openai_chat", "anthropic"])
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
 def test_a_qwen3_tool_session_is_exact_and_merges(qwen3_proxy, tiny_qwen3, api, stream):
     session = f"qwen3-{api}-{stream}-{next(_ids)}"
-    turns = CLIENTS[api](Way(None, None, qwen3_proxy.base_url, session), stream)
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_qwen3))
+    first = tool_session(qwen3_proxy, session, api, stream, tokenizer)
+    assert tokenizer.convert_tokens_to_ids("<tool_call>") in first["output_ids"]  # Qwen3's own markup token
+
+
+@pytest.mark.parametrize("api", ["openai_chat", "anthropic"])
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+def test_a_gemma3_tool_session_is_exact_and_merges(gemma3_proxy, api, stream):
+    proxy, model = gemma3_proxy
+    tokenizer = AutoTokenizer.from_pretrained(str(model))
+    tokenizer.chat_template = OWN_TEMPLATES["Gemma 3"].read_text()  # what the proxy renders with
+    first = tool_session(proxy, f"gemma3-{api}-{stream}-{next(_ids)}", api, stream, tokenizer)
+    assert "```tool_code\nshell(command=" in tokenizer.decode(first["output_ids"])
+
+
+def tool_session(proxy, session: str, api: str, stream: bool, tokenizer) -> dict:
+    """A tool-call session through an SDK: the call reaches it, the second call is a substituted append, each
+    prompt holds what was sent and its ids are the engine's; the session merges into one chain. Its first record."""
+    turns = CLIENTS[api](Way(None, None, proxy.base_url, session), stream)
     assert (turns[0].tool_name, turns[0].tool_args) == ("shell", {"command": "echo polar > polar.txt"})
     assert turns[-1].text == "Done."
-    records = qwen3_proxy.records(session)
+    records = proxy.records(session)
     first, second = records
     assert first["prefix_source"] == "rendered:first_call" and second["prefix_source"] == "substituted"
-    tokenizer = AutoTokenizer.from_pretrained(str(tiny_qwen3))
-    assert tokenizer.convert_tokens_to_ids("<tool_call>") in first["output_ids"]  # Qwen3's own markup token
     for r in records:
-        assert r["error"] is None
+        assert r["error"] is None and not r["flags"], r["flags"]
         assert_prompt_faithful(r, tokenizer)
         body = {"input_ids": r["prompt_ids"], "return_logprob": True,
                 "sampling_params": {"max_new_tokens": 64, "temperature": 0, "skip_special_tokens": False}}
-        engine = httpx.post(qwen3_proxy.backend + "/generate", json=body, timeout=60).json()
+        engine = httpx.post(proxy.backend + "/generate", json=body, timeout=60).json()
         assert r["output_ids"] == engine["output_ids"]
     merged, _stats = build_session(Session(SessionFile("local", session, None),
                                            [CallRecord.from_dict(r) for r in records]), BuildConfig())
     (trajectory,) = merged  # one chain: the tool turn's history was an append
     assert trajectory.prompt_ids + trajectory.response_ids == second["prompt_ids"] + second["output_ids"]
+    return first
 
 
 # Plain chat (no tools) on each fetched family's real template, the model sampling freely: what history
-# substitution does with that template, and exactness against the engine. Gemma 3's template renders no tools,
-# so its parser is forced off (`--tool-parser none`, as a user would).
-PLAIN = {"qwen3": (), "deepseek_v3": (), "llama3_1": (), "gemma3": ("--set", "polar_tool_parser=none")}
+# substitution does with that template, and exactness against the engine. Gemma 3 twice: with Polar's template
+# (auto; without tools it renders what Gemma's own does) and with Gemma's own (`--tool-parser none`).
+PLAIN = {"qwen3": (), "deepseek_v3": (), "llama3_1": (), "gemma3": (),
+         "gemma3-own": ("--set", "polar_tool_parser=none")}
 
 
 @pytest.mark.parametrize("family", sorted(PLAIN))
 def test_a_two_turn_chat_on_each_real_template_is_exact_and_substituted(family, tmp_path, make_tiny_model,
                                                                         start_reference_server):
-    tokenizer_dir = TOKENIZERS / family
+    tokenizer_dir = TOKENIZERS / family.removesuffix("-own")
     assert (tokenizer_dir / ".installed").is_file(), f"{tokenizer_dir}: run `make setup`"
     model = make_tiny_model.write_for_tokenizer(tokenizer_dir, tmp_path / f"tiny-{family}")
     backend = start_reference_server(None, model)

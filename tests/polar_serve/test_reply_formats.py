@@ -10,7 +10,8 @@ from polar_mitm.tokens.reply_parser import UNPARSED_TOOL_CALL, parse_reply
 from polar_serve.reply_formats import REPLY_FORMATS, write_reply
 
 REASONING = {"hermes": "think", "qwen3_coder": "think", "glm45": "think", "deepseek_v3": "think",
-             "kimi_k2": "think", "mistral": "mistral", "llama3_json": None, "harmony": "harmony"}
+             "kimi_k2": "think", "mistral": "mistral", "llama3_json": None, "harmony": "harmony",
+             "tool_code": None}
 
 words = st.text(st.characters(whitelist_categories=("L", "N"), whitelist_characters=" .,:;!?-ü"), min_size=1,
                 max_size=30).map(str.strip).filter(bool)
@@ -26,7 +27,7 @@ calls = st.lists(st.tuples(names, st.dictionaries(names, values, max_size=3)), m
 @given(think=st.none() | words, content=st.just("") | words, written=calls)
 def test_what_the_server_writes_the_proxy_reads(fmt, think, content, written):
     reply = parse_reply(write_reply(fmt, think, content, written), fmt, REASONING[fmt])
-    assert reply.reasoning == (None if fmt == "llama3_json" else think)  # Llama 3 writes no reasoning
+    assert reply.reasoning == (None if REASONING[fmt] is None else think)  # Llama 3, Gemma 3: no reasoning
     assert reply.content == content
     assert [(c.name, c.args()) for c in reply.tool_calls] == written
     assert reply.flags == ()

@@ -51,6 +51,24 @@ def test_prompt_view_reads_turns_tools_and_results(render) -> None:
     assert parse_prompt("no chatml here").turns == ()
 
 
+def test_prompt_view_reads_gemma3_turns_as_polars_template_writes_them(hf_tokenizer) -> None:
+    from polar_mitm.tokens.family import OWN_TEMPLATES
+
+    def gemma(messages: list[dict], tools: list[dict] | None = None) -> str:
+        return hf_tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True,
+                                                chat_template=OWN_TEMPLATES["Gemma 3"].read_text())
+
+    ask = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "make polar.txt"}]
+    first = parse_prompt(gemma(ask, [tool("read_file"), tool("Bash")]))
+    assert first.tools == ("read_file", "Bash") and first.tool_results == 0 and not first.after_tool_result
+    call = {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "Bash", "arguments": {}}}]}
+    later = parse_prompt(gemma(ask + [call, {"role": "tool", "content": "ok"}, {"role": "tool", "content": "ok"}],
+                               [tool("Bash")]))
+    assert later.tools == ("Bash",) and later.tool_results == 2 and later.after_tool_result
+    assert later.assistant_turns == 1 and later.last_user.endswith("make polar.txt")
+    assert parse_prompt(gemma(ask)).tools == ()  # no tools: no lines of them
+
+
 @pytest.mark.parametrize("name", SHELLS)
 def test_shipped_tool_call_policy_calls_whichever_shell_is_offered(render, policies_dir: Path, name: str) -> None:
     policy = load_policy(policies_dir / "tool-call.yaml")

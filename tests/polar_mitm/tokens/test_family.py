@@ -1,6 +1,7 @@
 """The model family read from its chat template (issue 45 item 2, polar_mitm/tokens/family.py): the proxy's tool
-and reasoning parsers come from the template, never a silent default; a family whose tool calls it does not parse
-yet (Gemma 3) is refused in one line naming it and the way out, and `--tool-parser` still forces one."""
+and reasoning parsers come from the template, never a silent default; Gemma 3, whose template renders no tools,
+gets Polar's template for them; a template whose tool calls it does not parse (a Gemma template that renders tools
+some other way) is refused in one line naming it and the ways out, and `--tool-parser` still forces one."""
 from __future__ import annotations
 
 import json
@@ -45,7 +46,8 @@ def test_qwen3_coder_and_a_template_without_tools():
 
 
 PARSERS = {"Mistral": ("mistral", None), "DeepSeek V3/R1": ("deepseek_v3", None), "Kimi K2": ("kimi_k2", None),
-           "GLM-4.5": ("glm45", None), "gpt-oss (harmony)": ("harmony", "harmony"), "Llama 3": ("llama3_json", None)}
+           "GLM-4.5": ("glm45", None), "gpt-oss (harmony)": ("harmony", "harmony"), "Llama 3": ("llama3_json", None),
+           "Gemma 3": ("tool_code", None)}
 
 
 @pytest.mark.parametrize("family", PARSERS)
@@ -58,10 +60,17 @@ def test_each_family_gets_its_own_parsers(family):
     assert detect(TEMPLATES[family] + "[THINK]").reasoning_parser == ("harmony" if harmony else "mistral")
 
 
-def test_a_family_not_parsed_yet_is_refused_in_one_line():
-    assert {f for f, _m, parser in FAMILIES if parser is None} == {"Gemma 3"}
+# A Gemma template that renders tools its own way (FunctionGemma's markup, abridged): not Gemma 3's prompt form.
+GEMMA_WITH_TOOLS = ("{{ bos_token }}{% for t in tools or [] %}<start_function_declaration>{{ t | tojson }}"
+                    "<end_function_declaration>{% endfor %}{% for m in messages %}<start_of_turn>"
+                    "{{ 'model' if m.role == 'assistant' else m.role }}\n{{ m.content | trim }}<end_of_turn>\n"
+                    "{% endfor %}")
+
+
+def test_a_template_whose_calls_are_not_parsed_is_refused_in_one_line():
+    assert all(parser for _f, _m, parser in FAMILIES)  # every family listed is parsed
     with pytest.raises(ValueError) as e:
-        detect(TEMPLATES["Gemma 3"])
+        detect(GEMMA_WITH_TOOLS)
     assert str(e.value) == (f"the chat template is Gemma 3's, whose tool calls the proxy does not parse yet (it "
                             f"parses {', '.join(PARSED)}); pass --tool-parser NAME if the model writes one of those, "
                             "or --render engine to let the engine render and parse")
@@ -91,8 +100,7 @@ def test_a_mistral_template_loads_with_mistrals_parsers(tmp_path):
 
 
 def test_the_proxy_refuses_an_unknown_family_and_takes_a_forced_parser(tmp_path):
-    model = model_with_template(tmp_path, "gemma-like", (
-        "{% for m in messages %}<start_of_turn>{{ m.role }}\n{{ m.content }}<end_of_turn>\n{% endfor %}"))
+    model = model_with_template(tmp_path, "gemma-like", GEMMA_WITH_TOOLS)
     with pytest.raises(ValueError, match=r"^the chat template is Gemma 3's"):
         load_model(str(model))
     forced = load_model(str(model), tool_parser="hermes")

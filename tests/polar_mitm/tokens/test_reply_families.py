@@ -1,7 +1,8 @@
 """Each family's tool-call and reasoning format (issue 45): replies written the way that family's models write them
 (the formats their chat templates render for past calls) parse into the same calls, streamed in any split; and
 through the families' real tokenizers (fetched at setup), replies their own templates render parse back into the
-calls rendered. Mistral, Kimi K2 and GLM are checked on text only: no tokenizer of theirs is fetched yet."""
+calls rendered (Gemma 3's, with Polar's template: test_gemma3_tools.py). Mistral, Kimi K2 and GLM are checked on
+text only: no tokenizer of theirs is fetched yet."""
 from __future__ import annotations
 
 import json
@@ -68,6 +69,12 @@ REPLIES = {
                      f"<|message|>Let me look.<|end|><|start|>assistant to=functions.bash<|channel|>commentary "
                      f"<|constrain|>json<|message|>{j(BASH)}",
                      "Need the files.", "Let me look.", TWO_CALLS[:1]),
+    "tool_code": ("tool_code", None,
+                  'Let me look.\n```tool_code\nbash(command="ls -la", timeout=30)\nread(path="ü.py", lines=[1, 2])\n```',
+                  None, "Let me look.", TWO_CALLS),
+    "tool_code_python": ("tool_code", None,  # Python's literals and a list of calls, as a model may write them
+                         "```tool_code\n[bash(command='ls -la', timeout=30), read(path='ü.py', lines=(1, 2))]\n```",
+                         None, "", TWO_CALLS),
     "harmony_final": ("harmony", "harmony",
                       "<|channel|>analysis<|message|>Need the files.<|end|><|start|>assistant<|channel|>final"
                       "<|message|>Here they are.",
@@ -114,6 +121,10 @@ def test_any_split_streams_the_same_reply(name, data):
      "<tool_call>bash\n<arg_key>a</arg_key>stray<arg_value>1</arg_value></tool_call>"),
     ("llama3_json", 'Sure.<|python_tag|>{"name": "a", "parameters": 3}',
      'Sure.\n<|python_tag|>{"name": "a", "parameters": 3}'),
+    ("tool_code", "Sure.\n```tool_code\n__import__(name='os').system(command='x')\n```",  # never run, never read
+     "Sure.\n```tool_code\n__import__(name='os').system(command='x')\n```"),
+    ("tool_code", "```tool_code\nbash('ls')\n```", "```tool_code\nbash('ls')\n```"),  # positional: no names
+    ("tool_code", "```tool_code\nbash(command=ls)\n", "```tool_code\nbash(command=ls)"),  # a name, never closed
     ("harmony", "<|channel|>commentary to=functions.bash <|constrain|>json<|message|>{not json",
      "<|channel|>commentary to=functions.bash <|constrain|>json<|message|>{not json"),
 ])
@@ -162,15 +173,14 @@ def stream_ids(tokenizer, text: str, tools: str, reasoning: str | None, starts_i
     ("qwen3", ("Qwen/Hermes", "hermes", "think")),
     ("deepseek_v3", ("DeepSeek V3/R1", "deepseek_v3", None)),
     ("llama3_1", ("no tool calls in the template", None, None)),  # this package's template renders no tools
+    ("gemma3", ("Gemma 3", "tool_code", None)),  # with Polar's template (test_gemma3_tools.py)
 ])
 def test_each_real_template_reads_as_its_family(family, read_as):
     formats = detect(real_tokenizer(family).chat_template)
     assert (formats.family, formats.tool_parser, formats.reasoning_parser) == read_as
 
 
-def test_gemma3s_real_template_is_refused_and_gpt_oss_ships_none():
-    with pytest.raises(ValueError, match="^the chat template is Gemma 3's"):
-        detect(real_tokenizer("gemma3").chat_template)
+def test_gpt_oss_ships_no_template():
     with pytest.raises(ValueError, match="has no chat template"):
         load_model(str(TOKENIZERS / "gptoss"))
 
@@ -224,7 +234,8 @@ def test_deepseek_v3s_own_rendering_of_two_calls_parses_back():
 
 
 @pytest.mark.parametrize("family, name", [("gptoss", "harmony_call"), ("gptoss", "harmony_final"),
-                                          ("deepseek_v3", "deepseek_v3.1"), ("llama3_1", "llama3_json")])
+                                          ("deepseek_v3", "deepseek_v3.1"), ("llama3_1", "llama3_json"),
+                                          ("gemma3", "tool_code")])
 def test_replies_through_each_real_tokenizer_parse_as_their_text_does(family, name):
     tools, reasoning, text, thought, content, calls = REPLIES[name]
     tokenizer = real_tokenizer(family)
