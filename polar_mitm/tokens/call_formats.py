@@ -28,7 +28,8 @@ import tokenize
 from dataclasses import dataclass
 from typing import Any, Callable
 
-Call = tuple[str, dict[str, Any]]
+Call = tuple[str, dict[str, Any]]  # (name, arguments), or (name, arguments, the id the model wrote for the call)
+MISTRAL_ID = re.compile(r"[A-Za-z0-9]{9}")  # Mistral's call ids: its chat templates refuse any other
 
 _FUNCTION = re.compile(r"\s*<function=([^>\n]+)>(.*?)</function>\s*", re.S)
 _PARAMETER = re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>", re.S)
@@ -122,9 +123,14 @@ def parse_kimi_k2(body: str) -> Call | None:
     return (named.group(1), args) if sep and named and args is not None else None
 
 
+def _mistral_id(value: Any) -> str | None:
+    return value if isinstance(value, str) and MISTRAL_ID.fullmatch(value) else None
+
+
 def parse_mistral(body: str) -> list[Call] | None:
     """After one [TOOL_CALLS]: a JSON list of calls (v3/v7), or `NAME[ARGS]{…}` with an optional
-    `[CALL_ID]ID` before or after [ARGS] (v11)."""
+    `[CALL_ID]ID` before or after [ARGS] (v11). A call's id, when the model wrote a valid one, is kept: the
+    harness sends it back, and the template renders the call as sampled."""
     text = body.strip()
     if text.startswith("["):
         try:
@@ -132,14 +138,16 @@ def parse_mistral(body: str) -> list[Call] | None:
         except json.JSONDecodeError:
             return None
         calls = [_named_call(i) for i in items] if isinstance(items, list) else [None]
-        return None if not calls or None in calls else calls  # type: ignore[return-value]
+        if not calls or None in calls:
+            return None
+        return [(*c, _mistral_id(i.get("id"))) for c, i in zip(calls, items)]  # type: ignore[misc]
     name, sep, args_text = text.partition(_MISTRAL_ARGS)
-    name = name.split(_MISTRAL_ID)[0].strip()
-    args_text = args_text.split(_MISTRAL_ID)[0]
-    args = json_object(args_text.strip()) if sep else None
+    name, _, id_before = name.partition(_MISTRAL_ID)
+    args_text, _, id_after = args_text.partition(_MISTRAL_ID)
+    name, args = name.strip(), json_object(args_text.strip()) if sep else None
     if not name or any(c in name for c in " []{}\n") or args is None:
         return None
-    return [(name, args)]
+    return [(name, args, _mistral_id((id_before or id_after).strip()))]
 
 
 def parse_llama3_json(body: str) -> list[Call] | None:
@@ -239,6 +247,7 @@ class CallFormat:
     parse: Callable[[str], list[Call] | None]  # the text between the tags → calls, or None
     sections: tuple[str, ...] = ()  # tags around a group of calls: dropped
     bare_json: bool = False  # a reply that begins with `{` is a call (Llama 3's JSON tool calling)
+    id_width: int | None = None  # the ids the proxy makes for calls: this many letters and digits (else any)
 
 
 CALL_FORMATS: dict[str, CallFormat] = {
@@ -249,7 +258,7 @@ CALL_FORMATS: dict[str, CallFormat] = {
                               ("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>")),
     "kimi_k2": CallFormat("<|tool_call_begin|>", "<|tool_call_end|>", _one(parse_kimi_k2),
                           ("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>")),
-    "mistral": CallFormat("[TOOL_CALLS]", None, parse_mistral),
+    "mistral": CallFormat("[TOOL_CALLS]", None, parse_mistral, id_width=9),
     "llama3_json": CallFormat("<|python_tag|>", None, parse_llama3_json, bare_json=True),
     "tool_code": CallFormat("```tool_code", "```", parse_tool_code),
 }

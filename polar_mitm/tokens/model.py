@@ -129,12 +129,12 @@ def template_drops(renderer: ChatRenderer) -> frozenset[str]:
     """Which tool parts the chat template never renders, probed once with marker names (a template that only
     renders `role` and string `content`, like SmolLM2's, drops all three)."""
     tool = Tool("polar_probe_tool", "polar probe", {"type": "object", "properties": {}})
-    call = ToolCall("polar_probe_id", "polar_probe_call", "{}")
+    call = ToolCall("polarprob", "polar_probe_call", "{}")  # 9 letters: Mistral's templates refuse other ids
     probes = {
         "tools": ((Message("user", "hi"),), (tool,), "polar_probe_tool"),
         "tool_calls": ((Message("user", "hi"), Message("assistant", "", tool_calls=(call,))), (tool,), "polar_probe_call"),
         "tool_results": ((Message("user", "hi"), Message("assistant", "", tool_calls=(call,)),
-                          Message("tool", "polar_probe_result", tool_call_id="polar_probe_id", name="polar_probe_call")),
+                          Message("tool", "polar_probe_result", tool_call_id="polarprob", name="polar_probe_call")),
                          (tool,), "polar_probe_result"),
     }
     dropped = set()

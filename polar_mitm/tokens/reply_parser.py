@@ -242,13 +242,21 @@ class ReplyParser:
                 out = self._content.push(body)
                 return [ContentDelta(out)] if out else []
             return self._unparsed(self._opened_by + body + close)
-        return [self._call(name, args) for name, args in parsed]
+        return [self._call(*c) for c in parsed]
 
-    def _call(self, name: str, args: dict[str, Any]) -> ToolCallDone:
+    def _call(self, name: str, args: dict[str, Any], model_id: str | None = None) -> ToolCallDone:
         index = len(self._calls)
-        call = ToolCall(f"{self._call_id_prefix}{index}", name, json.dumps(args, ensure_ascii=False))
+        call = ToolCall(model_id or self._new_id(index), name, json.dumps(args, ensure_ascii=False))
         self._calls.append(call)
         return ToolCallDone(index, call)
+
+    def _new_id(self, index: int) -> str:
+        width = self._format.id_width if self._format else None
+        if width is None:
+            return f"{self._call_id_prefix}{index}"
+        # letters and digits only (Mistral's templates refuse other ids): the call's own random part, then the index
+        unique = re.sub(r"[^A-Za-z0-9]", "", self._call_id_prefix).removeprefix("call")
+        return (unique + "0" * width)[: width - len(str(index))] + str(index)
 
     def _unparsed(self, raw: str) -> list[ReplyEvent]:
         self._flag(UNPARSED_TOOL_CALL)
