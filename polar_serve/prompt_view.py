@@ -1,8 +1,10 @@
 """What a scripted policy can see of a prompt: the decoded text read back into turns, the tools offered and the
-tool results. Two layouts: ChatML (Qwen: tools in the system turn's <tools> block, results in <tool_response>
-blocks or `tool` turns) and Gemma 3's turns as Polar's template writes them with tools
+tool results. Three layouts: ChatML (Qwen: tools in the system turn's <tools> block, results in <tool_response>
+blocks or `tool` turns); Gemma 3's turns as Polar's template writes them with tools
 (polar_mitm/tokens/templates/gemma3_tools.jinja: each tool's JSON on a line of the first user turn, results in
-```tool_output blocks of user turns; its `model` role read as `assistant`)."""
+```tool_output blocks of user turns; its `model` role read as `assistant`); and Mistral's instruct format
+([AVAILABLE_TOOLS]…[/AVAILABLE_TOOLS], [INST]…[/INST] user turns, an assistant turn up to </s>,
+[TOOL_RESULTS]…[/TOOL_RESULTS] tool turns)."""
 from __future__ import annotations
 
 import json
@@ -14,6 +16,8 @@ TOOLS_BLOCK = re.compile(r"<tools>\s*(.*?)\s*</tools>", re.DOTALL)
 TOOL_RESPONSE = re.compile(r"<tool_response>\s*(.*?)\s*</tool_response>", re.DOTALL)
 GEMMA_TURN = re.compile(r"<start_of_turn>([^\n]*)\n(.*?)(<end_of_turn>|\Z)", re.DOTALL)
 TOOL_OUTPUT = re.compile(r"```tool_output\n(.*?)\n```", re.DOTALL)
+MISTRAL_MARK = re.compile(r"(\[INST\]|\[/INST\]|\[TOOL_RESULTS\]|\[/TOOL_RESULTS\]|\[AVAILABLE_TOOLS\]|"
+                          r"\[/AVAILABLE_TOOLS\]|</s>)")
 
 
 @dataclass(frozen=True)
@@ -94,7 +98,30 @@ def _tool_names(system: str) -> tuple[str, ...]:
     return ()
 
 
+def _mistral(text: str) -> PromptView:
+    turns: list[Turn] = []
+    tools: tuple[str, ...] = ()
+    pieces = MISTRAL_MARK.split(text)  # text, mark, text, mark, …
+    opened, body = "", ""  # the mark whose section is being read, and its text so far
+    for i, piece in enumerate(pieces):
+        if i % 2 == 0:
+            body += piece
+            continue
+        if piece == "[/INST]" and opened == "[INST]":
+            turns.append(Turn("user", body, 0))
+        elif piece == "[/TOOL_RESULTS]" and opened == "[TOOL_RESULTS]":
+            turns.append(Turn("tool", body, 1))
+        elif piece == "[/AVAILABLE_TOOLS]" and opened == "[AVAILABLE_TOOLS]":
+            tools = tools or _names(body)
+        elif piece == "</s>" and opened in ("[/INST]", "[/TOOL_RESULTS]"):
+            turns.append(Turn("assistant", body, 0))  # (after a call's results, the answer: no [INST] between)
+        opened, body = piece, ""
+    return PromptView(text=text, turns=tuple(turns), tools=tools)
+
+
 def parse_prompt(text: str) -> PromptView:
+    if "[INST]" in text and "<|im_start|>" not in text:
+        return _mistral(text)
     gemma = "<start_of_turn>" in text
     turn, results = (GEMMA_TURN, TOOL_OUTPUT) if gemma else (TURN, TOOL_RESPONSE)
     turns = []

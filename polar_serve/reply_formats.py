@@ -8,6 +8,8 @@ calls in the family's own markup, so the proxy's parsers meet the sequences a mo
   deepseek_v3  <think>…</think>       <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME ```json …```…
   kimi_k2      <think>…</think>       <|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:I…
   mistral      [THINK]…[/THINK]       [TOOL_CALLS]NAME[ARGS]{…} per call (v11)
+  mistral_v3   (none: dropped)        [TOOL_CALLS][{"name": …, "arguments": {…}, "id": ID}, …] (v3/v7 Tekken: NeMo,
+                                      Small), ID 9 letters and digits from the call's name and place
   llama3_json  (none: dropped)        {"name": …, "parameters": {…}}; … (after <|python_tag|> when there is content)
   harmony      analysis channel       commentary to=functions.NAME <|constrain|>json, one message per call
   tool_code    (none: dropped)        ```tool_code\nNAME(KEY=VALUE, …)\n…```, values as JSON (Gemma 3 with
@@ -16,11 +18,12 @@ Arguments given as text (a policy's raw JSON, possibly malformed on purpose) are
 """
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any, Sequence
 
-REPLY_FORMATS = ("hermes", "qwen3_coder", "glm45", "deepseek_v3", "kimi_k2", "mistral", "llama3_json", "harmony",
-                 "tool_code")
+REPLY_FORMATS = ("hermes", "qwen3_coder", "glm45", "deepseek_v3", "kimi_k2", "mistral", "mistral_v3", "llama3_json",
+                 "harmony", "tool_code")
 
 Call = tuple[str, Any]  # (name, arguments: a dict, or JSON text written as it is)
 
@@ -64,6 +67,10 @@ def _glm45(name: str, args: Any) -> str:
     return f"<tool_call>{name}\n{pairs}</tool_call>"
 
 
+def _mistral_id(name: str, index: int) -> str:
+    return hashlib.sha256(f"{name}/{index}".encode()).hexdigest()[:9]
+
+
 def _tool_code(name: str, args: Any) -> str:
     if isinstance(args, str) and not isinstance(_json_or_none(args), dict):
         return f"{name}({args})"  # raw text that is no object (malformed on purpose?), written as it is
@@ -93,6 +100,12 @@ def write_reply(fmt: str, think: str | None, content: str, calls: Sequence[Call]
     if fmt == "mistral":
         text = ("" if think is None else f"[THINK]{think}[/THINK]") + content
         return text + "".join(f"[TOOL_CALLS]{name}[ARGS]{_json(args)}" for name, args in calls)
+    if fmt == "mistral_v3":
+        if not calls:
+            return content
+        items = ", ".join(f'{{"name": "{name}", "arguments": {_json(args)}, "id": "{_mistral_id(name, i)}"}}'
+                          for i, (name, args) in enumerate(calls))
+        return f"{content}[TOOL_CALLS][{items}]"
     if fmt == "llama3_json":
         body = "; ".join(f'{{"name": "{name}", "parameters": {_json(args)}}}' for name, args in calls)
         if not calls:

@@ -5,7 +5,8 @@ It reads only the raw provider request kept in the record (`record["request"]`),
 prompt code, and checks that every text the harness sent (system prompts and instructions, user text, tool
 results, assistant text and tool-call names) appears in `tokenizer.decode(prompt_ids)`, line by line, in the
 order sent: top-level system prompts and instructions first, then each offered tool's name and description
-(raw or JSON-escaped), then the turns. A system/developer prompt inside the conversation may stay in its place
+(raw or JSON-escaped; the tools all together may also come before the system prompts, as Mistral's template
+writes them), then the turns. A system/developer prompt inside the conversation may stay in its place
 or be hoisted into the leading system message, still in order (the Chat and Responses codecs hoist them, the
 Anthropic codec keeps Claude Code's in place). Whitespace is normalised per line, so a template may re-indent.
 Reasoning (thinking blocks, reasoning items, thought parts) is not required: a harness may send it or drop it.
@@ -58,8 +59,11 @@ def _assert_in_order(prompt: str, request: Request, where: str) -> None:
     for sent in request.system:
         cursor = _find(prompt, sent, cursor, where)
     head = cursor  # where system prompts hoisted out of the conversation continue, in order
-    for sent in request.tools:
-        cursor = _find(prompt, sent, cursor, where)
+    if _all_found(prompt, request.tools, cursor) is None and _all_found(prompt, request.tools, 0) is not None:
+        pass  # all of them ahead of the system prompts: Mistral writes [AVAILABLE_TOOLS] before that [INST]
+    else:
+        for sent in request.tools:
+            cursor = _find(prompt, sent, cursor, where)
     first = next((s for s in request.turns if not s.system), None)
     found = _search(prompt, first, cursor) if first else None
     head_end = found[0] if found else len(prompt)  # hoisted prompts lie before the first other turn
@@ -92,6 +96,16 @@ def _search(prompt: str, sent: Sent, cursor: int) -> tuple[int, int] | None:
         else:
             return (cursor if start is None else start), at
     return None
+
+
+def _all_found(prompt: str, sents: list[Sent], cursor: int) -> int | None:
+    """Where the last of `sents` ends when all are found in order from `cursor`, else None."""
+    for sent in sents:
+        found = _search(prompt, sent, cursor)
+        if found is None:
+            return None
+        cursor = found[1]
+    return cursor
 
 
 def _find(prompt: str, sent: Sent, cursor: int, where: str) -> int:

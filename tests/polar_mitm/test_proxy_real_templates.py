@@ -2,7 +2,8 @@
 Qwen3 and Gemma 3 tokenizers and templates as published (fetched at setup), random tiny weights over their
 vocabularies (scripts/make_tiny_model.py --from-tokenizer), the reference server sampling from them. Qwen3's
 template renders reasoning only in the turns after the last user message; Gemma 3's renders no tools, so the proxy
-renders its tool sessions with Polar's template. Either way the proxy finds a tool turn's history as an append
+renders its tool sessions with Polar's template; Mistral's Tekken (from mistral-common) is checked against
+mistral-common's own encoding. Either way the proxy finds a tool turn's history as an append
 (substituted), so the session merges into one chain, and every call is exact against the engine."""
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from polar_mitm.tokens.family import OWN_TEMPLATES
 from polar_traj.build import BuildConfig, build_session
 from polar_traj.reading import Session, SessionFile
 from polar_traj.records import CallRecord
+from tests.mistral_reference import mistral_common, write_hf_tokenizer
 from tests.polar_mitm.conftest import start_proxy
 from tests.polar_mitm.sdk_clients import CLIENTS, Way
 from tests.polar_mitm.tokens.test_reply_families import TOKENIZERS
@@ -53,6 +55,18 @@ def gemma3_proxy(tmp_path_factory, start_reference_server, policies_dir, make_ti
     stop(proc)
 
 
+@pytest.fixture(scope="module")
+def mistral_proxy(tmp_path_factory, start_reference_server, policies_dir, make_tiny_model):
+    """Mistral's real Tekken tokenizer with mistral-common's chat template (tests/mistral_reference.py); the
+    reference server writes calls as a Tekken v3 model does (`--reply-format mistral_v3`)."""
+    tekken = write_hf_tokenizer(tmp_path_factory.mktemp("tekken") / "tekken")
+    model = make_tiny_model.write_for_tokenizer(tekken, tmp_path_factory.mktemp("tiny-tekken") / "tiny-tekken")
+    backend = start_reference_server(policies_dir / "tool-call.yaml", model, "--reply-format", "mistral_v3")
+    proc, handle = start_proxy(tmp_path_factory.mktemp("mistral-proxy"), backend, model)
+    yield handle, model
+    stop(proc)
+
+
 @pytest.mark.parametrize("api", ["openai_chat", "anthropic"])
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
 def test_a_qwen3_tool_session_is_exact_and_merges(qwen3_proxy, tiny_qwen3, api, stream):
@@ -70,6 +84,21 @@ def test_a_gemma3_tool_session_is_exact_and_merges(gemma3_proxy, api, stream):
     tokenizer.chat_template = OWN_TEMPLATES["Gemma 3"].read_text()  # what the proxy renders with
     first = tool_session(proxy, f"gemma3-{api}-{stream}-{next(_ids)}", api, stream, tokenizer)
     assert "```tool_code\nshell(command=" in tokenizer.decode(first["output_ids"])
+
+
+@pytest.mark.parametrize("api", ["openai_chat", "anthropic"])
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+def test_a_mistral_tool_session_is_mistral_commons_ids(mistral_proxy, api, stream):
+    """As the Qwen3 and Gemma 3 sessions; and each Chat Completions call's prompt is the very ids mistral-common
+    encodes the request as sent into (the second one substituted, so the model's sampled call with its id)."""
+    proxy, model = mistral_proxy
+    session = f"mistral-{api}-{stream}-{next(_ids)}"
+    first = tool_session(proxy, session, api, stream, AutoTokenizer.from_pretrained(str(model)))
+    assert AutoTokenizer.from_pretrained(str(model)).convert_tokens_to_ids("[TOOL_CALLS]") in first["output_ids"]
+    if api == "openai_chat":
+        records = proxy.records(session)
+        chats = [{"messages": r["request"]["messages"], "tools": r["request"].get("tools")} for r in records]
+        assert mistral_common(chats)["tokens"] == [r["prompt_ids"] for r in records]
 
 
 def tool_session(proxy, session: str, api: str, stream: bool, tokenizer) -> dict:

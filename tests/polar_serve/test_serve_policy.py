@@ -69,6 +69,20 @@ def test_prompt_view_reads_gemma3_turns_as_polars_template_writes_them(hf_tokeni
     assert parse_prompt(gemma(ask)).tools == ()  # no tools: no lines of them
 
 
+def test_prompt_view_reads_mistrals_instruct_format() -> None:
+    tools = "[AVAILABLE_TOOLS]" + json.dumps([tool("read_file"), tool("bash")]) + "[/AVAILABLE_TOOLS]"
+    call = '[TOOL_CALLS][{"name": "bash", "arguments": {}, "id": "abcdefghi"}]</s>'
+    result = '[TOOL_RESULTS]{"content": "ok", "call_id": "abcdefghi"}[/TOOL_RESULTS]'
+    first = parse_prompt(f"<s>[INST]hi[/INST]Hello.</s>{tools}[INST]Be brief.\n\nmake polar.txt[/INST]")
+    assert first.tools == ("read_file", "bash") and first.tool_results == 0 and not first.after_tool_result
+    assert [t.role for t in first.turns] == ["user", "assistant", "user"] and first.assistant_turns == 1
+    later = parse_prompt(f"<s>{tools}[INST]Be brief.\n\nmake polar.txt[/INST]{call}{result}")
+    assert later.tools == ("read_file", "bash") and later.tool_results == 1 and later.after_tool_result
+    assert later.last_user == "Be brief.\n\nmake polar.txt" and later.assistant_turns == 1
+    answered = parse_prompt(f"<s>{tools}[INST]go[/INST]{call}{result}Done.</s>[INST]again[/INST]")
+    assert [t.role for t in answered.turns] == ["user", "assistant", "tool", "assistant", "user"]
+
+
 @pytest.mark.parametrize("name", SHELLS)
 def test_shipped_tool_call_policy_calls_whichever_shell_is_offered(render, policies_dir: Path, name: str) -> None:
     policy = load_policy(policies_dir / "tool-call.yaml")
