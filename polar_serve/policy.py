@@ -108,7 +108,8 @@ class Rule:
             name = _pick(call.names, view)
             calls.append((name, _fill_args(call.arguments_for.get(name, call.arguments), view)))
         think, content = None if self.think is None else _fill(self.think, view), _fill(self.content, view)
-        return Scripted(self.name, write_reply(fmt, think, content, calls), think, content, tuple(calls))
+        text = write_reply(fmt, think, content, calls, salt=f"{len(view.text)}:{view.tool_results}")
+        return Scripted(self.name, text, think, content, tuple(calls))
 
 
 @dataclass(frozen=True)

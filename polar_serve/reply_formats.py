@@ -9,7 +9,7 @@ calls in the family's own markup, so the proxy's parsers meet the sequences a mo
   kimi_k2      <think>…</think>       <|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:I…
   mistral      [THINK]…[/THINK]       [TOOL_CALLS]NAME[ARGS]{…} per call (v11)
   mistral_v3   (none: dropped)        [TOOL_CALLS][{"name": …, "arguments": {…}, "id": ID}, …] (v3/v7 Tekken: NeMo,
-                                      Small), ID 9 letters and digits from the call's name and place
+                                      Small), ID 9 letters and digits from the call's name, place and `salt`
   llama3_json  (none: dropped)        {"name": …, "parameters": {…}}; … (after <|python_tag|> when there is content)
   harmony      analysis channel       commentary to=functions.NAME <|constrain|>json, one message per call
   tool_code    (none: dropped)        ```tool_code\nNAME(KEY=VALUE, …)\n…```, values as JSON (Gemma 3 with
@@ -67,8 +67,9 @@ def _glm45(name: str, args: Any) -> str:
     return f"<tool_call>{name}\n{pairs}</tool_call>"
 
 
-def _mistral_id(name: str, index: int) -> str:
-    return hashlib.sha256(f"{name}/{index}".encode()).hexdigest()[:9]
+def _mistral_id(name: str, index: int, salt: str) -> str:
+    """A model makes a fresh id for every call; a harness may refuse one it saw before (the same tool_use id twice)."""
+    return hashlib.sha256(f"{salt}/{name}/{index}".encode()).hexdigest()[:9]
 
 
 def _tool_code(name: str, args: Any) -> str:
@@ -77,8 +78,9 @@ def _tool_code(name: str, args: Any) -> str:
     return f"{name}(" + ", ".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in _items(args)) + ")"
 
 
-def write_reply(fmt: str, think: str | None, content: str, calls: Sequence[Call]) -> str:
-    """The reply text in format `fmt` (one of REPLY_FORMATS); ValueError for another."""
+def write_reply(fmt: str, think: str | None, content: str, calls: Sequence[Call], salt: str = "") -> str:
+    """The reply text in format `fmt` (one of REPLY_FORMATS); ValueError for another. `salt`: what makes this reply's
+    call ids its own (the scripted policy gives the prompt's length and its tool results), where the format has ids."""
     if fmt in ("hermes", "qwen3_coder", "glm45"):
         one = {"hermes": _hermes, "qwen3_coder": _qwen3_coder, "glm45": _glm45}[fmt]
         text = "" if think is None else f"<think>\n{think}\n</think>\n\n"
@@ -103,7 +105,7 @@ def write_reply(fmt: str, think: str | None, content: str, calls: Sequence[Call]
     if fmt == "mistral_v3":
         if not calls:
             return content
-        items = ", ".join(f'{{"name": "{name}", "arguments": {_json(args)}, "id": "{_mistral_id(name, i)}"}}'
+        items = ", ".join(f'{{"name": "{name}", "arguments": {_json(args)}, "id": "{_mistral_id(name, i, salt)}"}}'
                           for i, (name, args) in enumerate(calls))
         return f"{content}[TOOL_CALLS][{items}]"
     if fmt == "llama3_json":

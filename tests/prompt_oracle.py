@@ -295,6 +295,8 @@ def _plain_chat(body: dict[str, Any]) -> bool:
 
 def _hf_message(m: dict[str, Any]) -> dict[str, Any]:
     out = {k: v for k, v in m.items() if k in ("role", "content", "tool_call_id", "name")}
+    if isinstance(out.get("content"), list):  # one text part (_plain_chat): its text, as templates take content
+        out["content"] = "".join(p.get("text", "") for p in out["content"])
     if m.get("tool_calls"):
         out["tool_calls"] = [{"id": c.get("id"), "type": "function",
                               "function": {"name": c["function"]["name"],

@@ -72,6 +72,14 @@ def test_tools_calls_and_results_are_in_the_prompt(gemma):
                     '<start_of_turn>model\n')  # the two results: one user turn, so the roles still alternate
 
 
+def test_a_user_note_after_tool_results_joins_their_turn(gemma):
+    """Claude Code sends a reminder beside the results: one user turn still, so Gemma's roles alternate."""
+    chat = [{"role": "user", "content": "list"}, {"role": "assistant", "content": "", "tool_calls": calls_of(
+        TWO_CALLS[:1])}, {"role": "tool", "tool_call_id": "c0", "content": "a.py"}, {"role": "user", "content": "Go on."}]
+    assert polars(gemma, chat, TOOLS, generation_prompt=True).endswith(
+        '<start_of_turn>user\n```tool_output\na.py\n```\nGo on.<end_of_turn>\n<start_of_turn>model\n')
+
+
 @pytest.mark.parametrize("content", ["Let me look.", ""])
 def test_a_past_call_is_rendered_as_the_model_writes_it_and_parses_back(content):
     chat = [{"role": "user", "content": "list and read"},

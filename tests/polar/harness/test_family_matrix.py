@@ -1,0 +1,103 @@
+"""The model-family matrix (issue 45): real harnesses on tiny models over each family's real tokenizer and chat
+template. Per family the reference server writes the policy's calls the way that family's models write them
+(`polar serve --reply-format`); pi (OpenAI Chat, base URL) and Claude Code (Anthropic, HTTPS_PROXY) run a
+multi-turn session with reasoning where the family writes it, two parallel shell calls and then one more
+(fixtures/policies/parallel-then-more.yaml). Each run: the files written, no error and no unparsed call, every
+prompt holding what the harness sent, every call's ids and logprobs those of a forward pass, the agent's calls one
+merged trajectory; and the first call equals the family's own rendering of the request (for Mistral, the ids
+mistral-common encodes; for the others, transformers' `apply_chat_template` through the prompt oracle)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from transformers import AutoTokenizer
+
+from polar_mitm.tokens.family import OWN_TEMPLATES
+from polar_traj import read as read_trajectories
+from polar_traj.capture_reader import read_capture_dicts
+from polar_traj.messages import conversation_messages
+from tests.mistral_reference import mistral_common, write_hf_tokenizer
+from tests.polar.run.test_cli import polar_run
+from tests.polar_mitm.tokens.test_reply_families import TOKENIZERS
+from tests.prompt_oracle import assert_prompt_faithful
+
+pytestmark = pytest.mark.slow
+
+# family -> (the reply format its models write, the template the proxy renders with when not the model's own)
+FAMILIES = {"qwen3": ("hermes", None), "gemma3": ("tool_code", OWN_TEMPLATES["Gemma 3"]),
+            "mistral": ("mistral_v3", None)}
+HARNESSES = {"pi": ("base_url", "bash"), "claude-code": ("https_proxy", "Bash")}  # way in, shell tool
+
+
+@pytest.fixture(scope="module")
+def family_models(tmp_path_factory, make_tiny_model) -> dict[str, Path]:
+    """A tiny model over each family's tokenizer, made once per module."""
+    made: dict[str, Path] = {}
+
+    def model(family: str) -> Path:
+        if family not in made:
+            tmp = tmp_path_factory.mktemp(family)
+            source = write_hf_tokenizer(tmp / "tekken") if family == "mistral" else TOKENIZERS / family
+            assert (family == "mistral" or (source / ".installed").is_file()), f"{source}: run `make setup`"
+            made[family] = make_tiny_model.write_for_tokenizer(source, tmp / f"tiny-{family}")
+        return made[family]
+    return model
+
+
+@pytest.mark.parametrize("harness", sorted(HARNESSES))
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_a_family_through_a_harness(family, harness, family_models, tmp_path, policies_dir, start_reference_server):
+    model = family_models(family)
+    reply_format, template = FAMILIES[family]
+    via, shell = HARNESSES[harness]
+    backend = start_reference_server(policies_dir / "parallel-then-more.yaml", model, "--reply-format", reply_format)
+    out = tmp_path / "run"
+    done = polar_run("--adapter", harness, "--instruction", "Write polar.txt and two.txt, then add a line.",
+                     "--runtime", "bwrap", "--via", via, "--backend", backend, "--model", str(model),
+                     "--out", str(out), "--confdir", str(tmp_path / "mitm"), timeout=600)
+    diag = f"{family} through {harness}: {done.stdout[-2000:]}{done.stderr[-2000:]}"
+    assert done.returncode == 0, diag
+    assert (out / "workspace" / "polar.txt").read_text() == "polar\nagain\n", diag
+    assert (out / "workspace" / "two.txt").read_text() == "two\n", diag
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model))
+    if template is not None:
+        tokenizer.chat_template = template.read_text()
+    records = [r for f in sorted((out / "captures").glob("*/*.jsonl")) for r in read_capture_dicts(f)]
+    for r in records:
+        assert r["error"] is None and "unparsed_tool_call" not in r["flags"], (r["error"], r["flags"])
+        assert_prompt_faithful(r, tokenizer)
+        assert_forward_pass(backend, r)
+    agent = [r for r in records if shell in offered(r)]
+    assert len(agent) == 3, [offered(r) for r in records]  # two calls at once, one more, "Done."
+    first = conversation_messages(agent[0]["api"], agent[0]["request"], agent[0]["response"])["messages"][-1]
+    assert [c["function"]["name"] for c in first.get("tool_calls") or []] == [shell, shell], first
+    last = conversation_messages(agent[-1]["api"], agent[-1]["request"], agent[-1]["response"])["messages"][-1]
+    assert last["content"] == "Done." and not last.get("tool_calls"), last
+    if family == "mistral" and agent[0]["api"] == "openai_chat":  # Mistral's own encoding of what pi sent
+        chats = [{"messages": r["request"]["messages"], "tools": r["request"].get("tools")} for r in agent]
+        assert mistral_common(chats)["tokens"] == [r["prompt_ids"] for r in agent]
+    table = read_trajectories(out / "trajectories.parquet").to_pylist()
+    ids = [r["call_id"] for r in agent]
+    (chain,) = [t for t in table if set(ids) & set(t["call_ids"])]
+    assert chain["call_ids"] == ids, [t["call_ids"] for t in table]  # the agent's calls: one merged trajectory
+    assert chain["prompt_ids"] + chain["response_ids"] == agent[-1]["prompt_ids"] + agent[-1]["output_ids"]
+
+
+def offered(record: dict[str, Any]) -> set[str]:
+    tools = conversation_messages(record["api"], record["request"], None)["tools"]
+    return {t.get("function", {}).get("name") for t in tools}
+
+
+def assert_forward_pass(backend: str, record: dict[str, Any]) -> None:
+    """The record's prompt again through the engine, greedy: the same ids, the same logprobs."""
+    body = {"input_ids": record["prompt_ids"], "return_logprob": True,
+            "sampling_params": {"max_new_tokens": len(record["output_ids"]), "temperature": 0.0,
+                                "skip_special_tokens": False}}
+    engine = httpx.post(f"{backend}/generate", json=body, timeout=600).json()
+    assert engine["output_ids"] == record["output_ids"], record["call_id"]
+    logprobs = [lp for lp, _tok, _text in engine["meta_info"]["output_token_logprobs"]]
+    assert logprobs == pytest.approx(record["output_logprobs"], abs=1e-5), record["call_id"]
