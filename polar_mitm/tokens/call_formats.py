@@ -193,14 +193,16 @@ _KEYWORD = "__polar_keyword_"  # a tool or argument named like a Python keyword 
 def _unkeyword(source: str) -> str:
     """`source` with each Python keyword used as a name (before `=` or `(`) renamed `_KEYWORD + name`: a
     tool's argument may well be called `from` or `class`. Tokenized, so text inside strings is never touched."""
-    tokens = [t for t in tokenize.generate_tokens(io.StringIO(source).readline)]
-    out = []
-    for i, t in enumerate(tokens):
-        after = next((n for n in tokens[i + 1:] if n.type not in (tokenize.NL, tokenize.COMMENT)), None)
+    tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
+    out: list[tuple[int, str]] = []
+    after: tokenize.TokenInfo | None = None  # the next token that is not a line break or a comment
+    for t in reversed(tokens):
         renamed = t.type == tokenize.NAME and keyword.iskeyword(t.string) and t.string not in _NAMED_CONSTANTS \
             and after is not None and after.type == tokenize.OP and after.string in ("=", "(")
         out.append((t.type, _KEYWORD + t.string if renamed else t.string))
-    return tokenize.untokenize(out)
+        if t.type not in (tokenize.NL, tokenize.COMMENT):
+            after = t
+    return tokenize.untokenize(reversed(out))
 
 
 def _python_call(node: ast.expr) -> Call:
