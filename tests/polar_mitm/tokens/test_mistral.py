@@ -1,7 +1,9 @@
 """The Mistral family against Mistral's own reference (issue 45): mistral-common's real Tekken tokenizer, converted
-for Hugging Face with the chat template mistral-common writes for it (tests/mistral_reference.py). The proxy reads
-it as Mistral, its prompts for OpenAI chat requests (tools, calls, results, several turns) are the very ids
-mistral-common encodes, and a tool call as mistral-common writes a past one parses back through the tokenizer."""
+for Hugging Face with the chat template mistral-common writes for it (tests/mistral_reference.py), in its own
+format (v3: NeMo) and in the later ones mistral-common defines (v7: Small 3's [SYSTEM_PROMPT]; v11: Devstral's
+`[TOOL_CALLS]NAME[CALL_ID]ID[ARGS]{…}`; v13: Magistral's, with [THINK]). For each, the proxy reads it as Mistral,
+its prompts for OpenAI chat requests (tools, calls, results, several turns) are the very ids mistral-common
+encodes, and a tool call as mistral-common writes a past one parses back through the tokenizer."""
 from __future__ import annotations
 
 import json
@@ -39,21 +41,28 @@ CHATS = {
 }
 
 
-@pytest.fixture(scope="module")
-def tekken(tmp_path_factory):
-    return write_hf_tokenizer(tmp_path_factory.mktemp("mistral") / "tekken")
+VERSIONS = [None, "v7", "v11", "v13"]  # None: the file's own, v3
+
+
+@pytest.fixture(scope="module", params=VERSIONS, ids=lambda v: v or "v3")
+def tekken(request, tmp_path_factory):
+    return request.param, write_hf_tokenizer(tmp_path_factory.mktemp("mistral") / "tekken", request.param)
 
 
 def test_the_tekken_tokenizer_reads_as_mistral(tekken):
-    model = load_model(str(tekken))
-    assert (model.family, model.tool_parser, model.reasoning_parser) == ("Mistral", "mistral", None)
+    version, folder = tekken
+    model = load_model(str(folder))
+    # v11's template writes reasoning as plain <think>…</think> text, v13's (Magistral) in [THINK] tokens
+    reasoning = {"v11": "think", "v13": "mistral"}.get(version or "")
+    assert (model.family, model.tool_parser, model.reasoning_parser) == ("Mistral", "mistral", reasoning)
     assert model.template_drops == frozenset()  # tools, calls and results all reach the model
 
 
 def test_the_proxys_prompts_are_mistral_commons_ids(tekken):
-    model = load_model(str(tekken))
+    version, folder = tekken
+    model = load_model(str(folder))
     chats = list(CHATS.values())
-    reference = mistral_common([{"messages": m, "tools": t} for m, t in chats])
+    reference = mistral_common([{"messages": m, "tools": t} for m, t in chats], version)
     for (name, (messages, tools)), ids, text in zip(CHATS.items(), reference["tokens"], reference["texts"]):
         body = {"model": "m", "messages": messages, **({"tools": tools} if tools else {})}
         conv = openai_chat.parse_request(body)  # the proxy's own path: the request as the harness sent it
@@ -63,16 +72,21 @@ def test_the_proxys_prompts_are_mistral_commons_ids(tekken):
 
 def test_a_past_call_as_mistral_common_writes_it_parses_back(tekken):
     """The tokens mistral-common adds for the assistant's two calls are what a Mistral model samples: through the
-    detokenizer, id by id, they parse into the two calls."""
+    detokenizer, id by id, they parse into the two calls (with the ids written, where the format writes them)."""
+    version, folder = tekken
     messages, tools = [ASK, CALLS, RESULTS[0]], [BASH, READ]
     before, after = mistral_common([{"messages": messages[:1], "tools": tools},
-                                    {"messages": messages, "tools": tools}])["tokens"]
-    model = load_model(str(tekken))
+                                    {"messages": messages, "tools": tools}], version)["tokens"]
+    model = load_model(str(folder))
     end = after.index(model.tokenizer.eos_token_id, len(before))
     assert after[: len(before)] == before  # the history is an append
     sampled = model.tokenizer.decode(after[len(before):end], skip_special_tokens=False)
-    ids, reply = stream_ids(model.tokenizer, sampled, "mistral", None)
+    ids, reply = stream_ids(model.tokenizer, sampled, "mistral", model.reasoning_parser)
     assert ids == after[len(before):end]
+    if version == "v13":  # no ids written: the proxy's own, 9 letters and digits as Mistral's templates want
+        assert all(len(c.id) == 9 and c.id.isalnum() for c in reply.tool_calls), reply.tool_calls
+    else:  # v3/v7 write the ids in the list, v11 after [CALL_ID]: kept
+        assert [c.id for c in reply.tool_calls] == ["a1b2c3d4e", "f5g6h7i8j"]
     assert [(c.name, c.args()) for c in reply.tool_calls] == [("bash", {"command": "ls -la"}),
                                                               ("read", {"path": "ü.py", "lines": [1, 2]})]
     assert (reply.content, reply.flags) == ("", ())
