@@ -279,12 +279,8 @@ class _Announce:
               f"base-URL listener {self.args.host}:{self.args.base_url_port}")
         for replica in self.router.engines.pool.replicas:
             print(f"polar proxy: engine {replica.url} {replica.state}")
-        model = self.router.dispatch.model
-        if self.router.dispatch.options.render == "engine":
-            print("polar proxy: the engine renders prompts and parses replies (--render engine)")
-        elif model is not None:  # the formats read from the chat template: never a silent default
-            print(f"polar proxy: tool calls {model.tool_parser or 'none'}, reasoning {model.reasoning_parser or 'none'}"
-                  f" ({model.family})")
+        if self.router.formats:  # the formats read from the chat template: never a silent default
+            print(f"polar proxy: {self.router.formats}")
         print(f"polar proxy: CA certificate {ca}")
         print("polar proxy: environment for a harness (replace SESSION and TOKEN):")
         for key, value in env.items():

@@ -106,6 +106,7 @@ class Router:
                                                                                      weigh=SessionHistory.nbytes)
         self.dispatch = Dispatcher(capture, self.engines, self.histories)
         self.relay = StreamRelay(self.dispatch)
+        self.formats = ""  # who renders and parses, and how: said at start (logged here, printed by polar proxy)
         self._ended_watch: asyncio.Task[None] | None = None
         self._status_task: asyncio.Task[None] | None = None
         self._status_path: Path | None = None
@@ -189,12 +190,10 @@ class Router:
             except ValueError as e:
                 raise OptionsError(f"polar_tokenizer: {e}") from e
             model = self.dispatch.model
-            if engine_renders:
-                log.info("polar: model %s: the engine renders prompts and parses replies (--render engine)",
-                         model.served_names[0])
-            else:
-                log.info("polar: model %s: tool calls %s, reasoning %s (%s)", model.served_names[0],
-                         model.tool_parser or "none", model.reasoning_parser or "none", model.family)
+            self.formats = ("the engine renders prompts and parses replies (--render engine)" if engine_renders else
+                            f"tool calls {model.tool_parser or 'none'}, reasoning {model.reasoning_parser or 'none'} "
+                            f"({model.family})")
+            log.info("polar: model %s: %s", model.served_names[0], self.formats)
 
     def _configure_one(self, name: str, value: Any) -> None:
         opts, dispatch = ctx.options, self.dispatch
