@@ -1,14 +1,14 @@
 """Which model family a chat template belongs to, and so how its replies write tool calls and reasoning (issue 45).
 
 Read from the template's own text, never a silent default: the markers each family's template writes around a
-tool call. Families the proxy parses map to a tool parser (polar_mitm/tokens/reply_parser.py); a template of a
-family it does not parse yet is refused with one line naming the family and the ways out (`--tool-parser` to
-force one, when the user knows the model writes that form anyway; `--render engine`, polar_mitm/engines/chat.py,
-to let the engine render and parse). A template that renders no tool calls at all
-gets no tool parser: replies are text (and `template_dropped_tools` flags each request that offered tools).
-Gemma 3 is the exception: its calling is prompt-based, so its template (which renders no tools) is replaced by
-Polar's own, polar_mitm/tokens/templates/gemma3_tools.jinja: the same text without tools, the tools and past
-calls in the prompt-based form with them. The proxy says so at start; `--tool-parser none` keeps Gemma's own.
+tool call, each family mapped to its tool parser (polar_mitm/tokens/reply_parser.py). A template that renders no
+tool calls at all gets no tool parser: replies are text (and `template_dropped_tools` flags each request that
+offered tools). Gemma 3 is the exception: its calling is prompt-based, so its template (which renders no tools)
+is replaced by Polar's own, polar_mitm/tokens/templates/gemma3_tools.jinja: the same text without tools, the
+tools and past calls in the prompt-based form with them. The proxy says so at start; `--tool-parser none` keeps
+Gemma's own. A Gemma template that renders tools itself writes them some other way: it is refused with one line
+naming the ways out (`--tool-parser` to force one, when the user knows the model writes that form anyway;
+`--render engine`, polar_mitm/engines/chat.py, to let the engine render and parse).
 
   markers                                        family            tool parser
   <|channel|>                                    gpt-oss harmony   harmony (reasoning too: the analysis channel)
@@ -32,9 +32,9 @@ from pathlib import Path
 from polar_mitm.tokens.reply_parser import TOOL_PARSERS as PARSED
 
 TEMPLATES = Path(__file__).with_name("templates")
-# (family, a marker its template writes, the parser; None: not parsed yet). First match wins: the more specific
-# markers go first (Qwen3-Coder's <tool_call> holds <function=; GLM's holds <arg_key>).
-FAMILIES: tuple[tuple[str, tuple[str, ...], str | None], ...] = (
+# (family, a marker its template writes, the parser). First match wins: the more specific markers go first
+# (Qwen3-Coder's <tool_call> holds <function=; GLM's holds <arg_key>).
+FAMILIES: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("gpt-oss (harmony)", ("<|channel|>",), "harmony"),
     ("Mistral", ("[TOOL_CALLS]",), "mistral"),
     ("DeepSeek V3/R1", ("<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>"), "deepseek_v3"),
@@ -59,13 +59,12 @@ class Formats:
 
 
 def detect(template: str) -> Formats:
-    """The family of a chat template and the parsers for its replies; ValueError (one line) for a family whose
-    tool calls the proxy does not parse yet."""
+    """The family of a chat template and the parsers for its replies; ValueError (one line) for a template whose
+    tool calls the proxy does not parse (a Gemma template rendering tools its own way)."""
     for family, markers, parser in FAMILIES:
         if any(m in template for m in markers):
             own = OWN_TEMPLATES.get(family)
-            if parser is None or (own is not None and re.search(r"\btools\b", template)):
-                # (a template of that family that renders tools itself writes them some other way)
+            if own is not None and re.search(r"\btools\b", template):  # it renders tools itself, some other way
                 raise ValueError(f"the chat template is {family}'s, whose tool calls the proxy does not parse yet "
                                  f"(it parses {', '.join(PARSED)}); pass --tool-parser NAME if the model writes "
                                  "one of those, or --render engine to let the engine render and parse")
