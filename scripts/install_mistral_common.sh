@@ -14,10 +14,7 @@ req=mistral-common==1.13.1
 venv=.tools/mistral-common-venv
 lock=scripts/locks/mistral-common.txt
 py=/usr/bin/python3  # the system python, as the other tool venvs (scripts/install_python_harnesses.sh)
-if ! "$py" -c 'import venv, ensurepip' 2> /dev/null; then
-  [ "$(id -u)" = 0 ] || die "$py with venv is needed (Debian: apt-get install python3-venv)"
-  net "apt-get install python3-venv" apt-get install -y -q --no-install-recommends -o DPkg::Lock::Timeout=300 python3-venv
-fi
+need_venv "$py"
 stamp_of() { { echo "$req $("$py" -c 'import sys; print(sys.version.split()[0])')"; cat "$lock" 2> /dev/null || true; } | sha256sum | cut -c1-16; }
 if [ -x "$venv/bin/python" ] && [ -f "$lock" ] && [ "$(cat "$venv/.installed" 2> /dev/null)" = "$(stamp_of)" ]; then
   up_to_date "$venv"; exit 0

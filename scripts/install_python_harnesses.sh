@@ -30,10 +30,7 @@ links=.tools/bin
 mkdir -p "$locks" "$links"
 # The system python: the bwrap sandbox shows /usr but not a pyenv or conda prefix a venv would point into.
 py=/usr/bin/python3
-if ! "$py" -c 'import venv, ensurepip' 2> /dev/null; then
-  [ "$(id -u)" = 0 ] || die "$py with venv is needed (Debian: apt-get install python3-venv)"
-  net "apt-get install python3-venv" apt-get install -y -q --no-install-recommends -o DPkg::Lock::Timeout=300 python3-venv
-fi
+need_venv "$py"
 pyver=$("$py" -c 'import sys; print(sys.version.split()[0])')
 
 offline=(unshare -n); [ "$(id -u)" = 0 ] || offline=(unshare -rn)

@@ -30,3 +30,10 @@ compile_venv() {
   env -u PYTHONDONTWRITEBYTECODE "$venv/bin/python" -m compileall -q -j 0 "$venv/lib" > /dev/null 2>&1 || true
   touch "$marker"
 }
+# The system python's venv module (the tool venvs under .tools are made with it): installed when missing.
+need_venv() {
+  local py=$1
+  "$py" -c 'import venv, ensurepip' 2> /dev/null && return 0
+  [ "$(id -u)" = 0 ] || die "$py with venv is needed (Debian: apt-get install python3-venv)"
+  net "apt-get install python3-venv" apt-get install -y -q --no-install-recommends -o DPkg::Lock::Timeout=300 python3-venv
+}
