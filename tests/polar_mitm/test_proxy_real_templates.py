@@ -110,13 +110,8 @@ def tool_session(proxy, session: str, api: str, stream: bool, tokenizer) -> dict
     records = proxy.records(session)
     first, second = records
     assert first["prefix_source"] == "rendered:first_call" and second["prefix_source"] == "substituted"
-    for r in records:
-        assert r["error"] is None and not r["flags"], r["flags"]
-        assert_prompt_faithful(r, tokenizer)
-        body = {"input_ids": r["prompt_ids"], "return_logprob": True,
-                "sampling_params": {"max_new_tokens": 64, "temperature": 0, "skip_special_tokens": False}}
-        engine = httpx.post(proxy.backend + "/generate", json=body, timeout=60).json()
-        assert r["output_ids"] == engine["output_ids"]
+    assert [r["flags"] for r in records] == [[], []]
+    assert_exact(records, tokenizer, proxy.backend, max_new_tokens=64)
     merged, _stats = build_session(Session(SessionFile("local", session, None),
                                            [CallRecord.from_dict(r) for r in records]), BuildConfig())
     (trajectory,) = merged  # one chain: the tool turn's history was an append
@@ -147,7 +142,7 @@ def test_a_two_turn_chat_on_each_real_template_is_exact_and_substituted(family, 
     first, second = records
     assert second["prompt_ids"][: len(first["prompt_ids"]) + len(first["output_ids"])] == \
         first["prompt_ids"] + first["output_ids"]
-    assert_exact(records, model, backend)
+    assert_exact(records, AutoTokenizer.from_pretrained(str(model)), backend)
 
 
 def two_turn_chat(proxy, session: str) -> list[dict]:
@@ -164,12 +159,12 @@ def two_turn_chat(proxy, session: str) -> list[dict]:
     return proxy.records(session)
 
 
-def assert_exact(records: list[dict], model, backend: str) -> None:
-    """Each record holds what the harness sent, and its ids are what the engine samples from its prompt."""
-    tokenizer = AutoTokenizer.from_pretrained(str(model))
+def assert_exact(records: list[dict], tokenizer, backend: str, max_new_tokens: int = 6) -> None:
+    """Each record holds what the harness sent (read with `tokenizer`, its template the proxy's), and its ids are
+    what the engine samples from its prompt."""
     for r in records:
         assert r["error"] is None
         assert_prompt_faithful(r, tokenizer)
         body = {"input_ids": r["prompt_ids"], "return_logprob": True,
-                "sampling_params": {"max_new_tokens": 6, "temperature": 0, "skip_special_tokens": False}}
+                "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0, "skip_special_tokens": False}}
         assert r["output_ids"] == httpx.post(backend + "/generate", json=body, timeout=60).json()["output_ids"]

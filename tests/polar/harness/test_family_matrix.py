@@ -2,16 +2,15 @@
 template. Per family the reference server writes the policy's calls the way that family's models write them
 (`polar serve --reply-format`); pi (OpenAI Chat, base URL) and Claude Code (Anthropic, HTTPS_PROXY) run a
 multi-turn session with reasoning where the family writes it, two parallel shell calls and then one more
-(fixtures/policies/parallel-then-more.yaml). Each run: the files written, no error and no unparsed call, every
+(fixtures/policies/parallel-then-more.yaml). Each run: the files written, the formats the proxy said it uses,
+no error and no unparsed call, every
 prompt holding what the harness sent, every call's ids and logprobs those of a forward pass, the agent's calls one
 merged trajectory; and the first call equals the family's own rendering of the request (for Mistral, the ids
 mistral-common encodes; for the others, transformers' `apply_chat_template` through the prompt oracle)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
-import httpx
 import pytest
 from transformers import AutoTokenizer
 
@@ -20,15 +19,19 @@ from polar_traj import read as read_trajectories
 from polar_traj.capture_reader import read_capture_dicts
 from polar_traj.messages import conversation_messages
 from tests.mistral_reference import mistral_common, write_hf_tokenizer
+from tests.polar.harness.test_harness_matrix import agent_calls, assert_replayed, replay
 from tests.polar.run.test_cli import polar_run
 from tests.polar_mitm.tokens.test_reply_families import TOKENIZERS
 from tests.prompt_oracle import assert_prompt_faithful
 
 pytestmark = pytest.mark.slow
 
-# family -> (the reply format its models write, the template the proxy renders with when not the model's own)
-FAMILIES = {"qwen3": ("hermes", None), "gemma3": ("tool_code", OWN_TEMPLATES["Gemma 3"]),
-            "mistral": ("mistral_v3", None)}
+# family -> (the reply format its models write, the template the proxy renders with when not the model's own,
+# the markup that opens a call in what the model samples)
+FAMILIES = {"qwen3": ("hermes", None, "<tool_call>"),
+            "gemma3": ("tool_code", OWN_TEMPLATES["Gemma 3"], "```tool_code\n"),
+            "mistral": ("mistral_v3", None, "[TOOL_CALLS]")}
+PARSERS = {"mistral_v3": "mistral"}  # the proxy's parser of a reply format, where its name differs
 HARNESSES = {"pi": ("base_url", "bash"), "claude-code": ("https_proxy", "Bash")}  # way in, shell tool
 
 
@@ -51,7 +54,7 @@ def family_models(tmp_path_factory, make_tiny_model) -> dict[str, Path]:
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_a_family_through_a_harness(family, harness, family_models, tmp_path, policies_dir, start_reference_server):
     model = family_models(family)
-    reply_format, template = FAMILIES[family]
+    reply_format, template, markup = FAMILIES[family]
     via, shell = HARNESSES[harness]
     backend = start_reference_server(policies_dir / "parallel-then-more.yaml", model, "--reply-format", reply_format)
     out = tmp_path / "run"
@@ -67,12 +70,15 @@ def test_a_family_through_a_harness(family, harness, family_models, tmp_path, po
     if template is not None:
         tokenizer.chat_template = template.read_text()
     records = [r for f in sorted((out / "captures").glob("*/*.jsonl")) for r in read_capture_dicts(f)]
+    assert f"tool calls {PARSERS.get(reply_format, reply_format)}" in (out / "logs" / "proxy.log").read_text()
     for r in records:
         assert r["error"] is None and "unparsed_tool_call" not in r["flags"], (r["error"], r["flags"])
         assert_prompt_faithful(r, tokenizer)
-        assert_forward_pass(backend, r)
-    agent = [r for r in records if shell in offered(r)]
-    assert len(agent) == 3, [offered(r) for r in records]  # two calls at once, one more, "Done."
+        assert_replayed(r, replay(backend, r))  # the ids and logprobs of a forward pass
+    agent = agent_calls(records, shell)
+    assert len(agent) == 3, len(records)  # two calls at once, one more, "Done."
+    assert [r["prefix_source"] for r in agent] == ["rendered:first_call", "substituted", "substituted"]
+    assert markup in tokenizer.decode(agent[0]["output_ids"])
     first = conversation_messages(agent[0]["api"], agent[0]["request"], agent[0]["response"])["messages"][-1]
     assert [c["function"]["name"] for c in first.get("tool_calls") or []] == [shell, shell], first
     last = conversation_messages(agent[-1]["api"], agent[-1]["request"], agent[-1]["response"])["messages"][-1]
@@ -86,18 +92,3 @@ def test_a_family_through_a_harness(family, harness, family_models, tmp_path, po
     assert chain["call_ids"] == ids, [t["call_ids"] for t in table]  # the agent's calls: one merged trajectory
     assert chain["prompt_ids"] + chain["response_ids"] == agent[-1]["prompt_ids"] + agent[-1]["output_ids"]
 
-
-def offered(record: dict[str, Any]) -> set[str]:
-    tools = conversation_messages(record["api"], record["request"], None)["tools"]
-    return {t.get("function", {}).get("name") for t in tools}
-
-
-def assert_forward_pass(backend: str, record: dict[str, Any]) -> None:
-    """The record's prompt again through the engine, greedy: the same ids, the same logprobs."""
-    body = {"input_ids": record["prompt_ids"], "return_logprob": True,
-            "sampling_params": {"max_new_tokens": len(record["output_ids"]), "temperature": 0.0,
-                                "skip_special_tokens": False}}
-    engine = httpx.post(f"{backend}/generate", json=body, timeout=600).json()
-    assert engine["output_ids"] == record["output_ids"], record["call_id"]
-    logprobs = [lp for lp, _tok, _text in engine["meta_info"]["output_token_logprobs"]]
-    assert logprobs == pytest.approx(record["output_logprobs"], abs=1e-5), record["call_id"]

@@ -111,7 +111,7 @@ def check_run(run, tokenizer, adapter: str, via: str) -> str:
 def test_shell_once(matrix, tokenizer, adapter: str, via: str) -> None:
     run = matrix[(adapter, via)].result()
     diag = check_run(run, tokenizer, adapter, via)
-    agent = _agent_calls(run)
+    agent = agent_calls(run.records, run.adapter.shell_tool.name)
     assert len(agent) >= 2, f"{diag}\nagent calls: {len(agent)}"
     _check_shell_call(run, agent)
     _check_tokens_exact(run)
@@ -123,16 +123,13 @@ def _check_errors(run: MatrixRun) -> None:
         assert r["error"] is None, f"unexpected error record: {r['error']}"
 
 
-def _agent_calls(run: MatrixRun) -> list[dict[str, Any]]:
-    """Calls that offer the harness's shell tool (side calls such as titles offer none)."""
-    shell = run.adapter.shell_tool.name
-    agent = []
-    for r in run.records:
-        if r["error"] is None:
-            tools = conversation_messages(r["api"], r["request"], None)["tools"]
-            if shell in {t.get("function", {}).get("name") for t in tools}:
-                agent.append(r)
-    return agent
+def agent_calls(records: list[dict[str, Any]], shell: str | None) -> list[dict[str, Any]]:
+    """Calls without error that offer the harness's shell tool (side calls such as titles offer none); for a
+    harness without tools (`shell` None), every call without error."""
+    def offers(r: dict[str, Any]) -> bool:
+        tools = conversation_messages(r["api"], r["request"], None)["tools"]
+        return shell in {t.get("function", {}).get("name") for t in tools}
+    return [r for r in records if r["error"] is None and (shell is None or offers(r))]
 
 
 def _check_shell_call(run: MatrixRun, agent: list[dict[str, Any]]) -> None:
@@ -150,10 +147,15 @@ def _check_tokens_exact(run: MatrixRun) -> None:
     """Every recorded call, replayed from its prompt ids, gives the same ids and logprobs."""
     assert run.replays
     for record, engine in run.replays:
-        assert engine["meta_info"]["prompt_tokens"] == len(record["prompt_ids"])
-        assert engine["output_ids"] == record["output_ids"], record["call_id"]
-        logprobs = [lp for lp, _tok, _text in engine["meta_info"]["output_token_logprobs"]]
-        assert logprobs == pytest.approx(record["output_logprobs"], abs=1e-5), record["call_id"]
+        assert_replayed(record, engine)
+
+
+def assert_replayed(record: dict[str, Any], engine: dict[str, Any]) -> None:
+    """The engine's greedy replay of a record's prompt (`replay`) gave the record's ids and logprobs."""
+    assert engine["meta_info"]["prompt_tokens"] == len(record["prompt_ids"])
+    assert engine["output_ids"] == record["output_ids"], record["call_id"]
+    logprobs = [lp for lp, _tok, _text in engine["meta_info"]["output_token_logprobs"]]
+    assert logprobs == pytest.approx(record["output_logprobs"], abs=1e-5), record["call_id"]
 
 
 def _check_agent_trajectory(run: MatrixRun, agent: list[dict[str, Any]]) -> None:

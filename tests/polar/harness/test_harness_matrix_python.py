@@ -25,7 +25,7 @@ from polar.run.session import HARNESS_BIN, RunConfig
 from polar.run.services import start_proxy
 from polar_traj.messages import conversation_messages
 from tests.polar.harness.test_harness_matrix import (
-    MatrixRun, _check_agent_trajectory, _check_tokens_exact, check_run, one_run,
+    MatrixRun, _check_agent_trajectory, _check_tokens_exact, agent_calls, check_run, one_run,
 )
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -123,7 +123,7 @@ def tokenizer(long_model):
 def test_write_then_finish(matrix, tokenizer, adapter: str, via: str) -> None:
     run = matrix[(adapter, via)].result()
     diag = check_run(run, tokenizer, adapter, via)
-    agent = _agent_calls(run)
+    agent = agent_calls(run.records, run.adapter.shell_tool and run.adapter.shell_tool.name)  # Aider: every call
     calls, finish = EXPECT[adapter]
     assert len(agent) == calls, f"{diag}\nagent calls: {len(agent)}"
     if run.adapter.shell_tool is not None:
@@ -131,18 +131,6 @@ def test_write_then_finish(matrix, tokenizer, adapter: str, via: str) -> None:
     _check_finish(agent[-1], finish)
     _check_tokens_exact(run)
     _check_agent_trajectory(run, agent)
-
-
-def _agent_calls(run: MatrixRun) -> list[dict[str, Any]]:
-    """Calls that offer the harness's shell tool; for a harness without tools (Aider), every call."""
-    shell = run.adapter.shell_tool
-    agent = []
-    for r in run.records:
-        if r["error"] is None:
-            tools = conversation_messages(r["api"], r["request"], None)["tools"]
-            if shell is None or shell.name in {t.get("function", {}).get("name") for t in tools}:
-                agent.append(r)
-    return agent
 
 
 def _reply(record: dict[str, Any]) -> dict[str, Any]:

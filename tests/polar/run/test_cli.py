@@ -138,39 +138,6 @@ def test_a_harness_through_engine_rendering(tmp_path, policies_dir, adapter):
     assert rows and sum(len(r["response_ids"]) for r in rows) >= sum(len(r["output_ids"]) for r in records) > 0
 
 
-@pytest.mark.slow
-def test_a_harness_on_gemma3_calls_its_tool_token_exact(tmp_path, policies_dir, make_tiny_model,
-                                                        start_reference_server):
-    """pi on a tiny model over the real Gemma 3 tokenizer (issue 45): the proxy renders with Polar's Gemma template
-    (its tools in the prompt), the reference server writes the call as Gemma 3 writes one (```tool_code), pi runs
-    it; every call is exact against the engine and the session is one merged trajectory."""
-    from transformers import AutoTokenizer
-
-    from polar_mitm.tokens.family import OWN_TEMPLATES
-    from tests.polar_mitm.tokens.test_reply_families import TOKENIZERS
-    from tests.prompt_oracle import assert_prompt_faithful
-
-    model = make_tiny_model.write_for_tokenizer(TOKENIZERS / "gemma3", tmp_path / "tiny-gemma3")
-    backend = start_reference_server(policies_dir / "shell-once.yaml", model, "--reply-format", "tool_code")
-    out = tmp_path / "run"
-    done = polar_run("--adapter", "pi", "--instruction", "write polar.txt", "--runtime", "bwrap",
-                     "--backend", backend, "--model", str(model), "--out", str(out),
-                     "--confdir", str(tmp_path / "mitm"))
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert (out / "workspace" / "polar.txt").read_text() == "polar\n"
-    assert "tool calls tool_code" in (out / "logs" / "proxy.log").read_text()  # what the proxy chose, said
-    tokenizer = AutoTokenizer.from_pretrained(str(model))
-    tokenizer.chat_template = OWN_TEMPLATES["Gemma 3"].read_text()
-    records = [r for f in sorted((out / "captures").glob("*/*.jsonl")) for r in read_capture_dicts(f)]
-    assert len(records) == 2 and [r["prefix_source"] for r in records] == ["rendered:first_call", "substituted"]
-    assert "```tool_code\nbash(command=" in tokenizer.decode(records[0]["output_ids"])
-    for r in records:
-        assert r["error"] is None and "unparsed_tool_call" not in r["flags"]
-        assert_prompt_faithful(r, tokenizer)
-    (row,) = read_trajectories(out / "trajectories.parquet").to_pylist()  # one chain
-    assert row["prompt_ids"] + row["response_ids"] == records[1]["prompt_ids"] + records[1]["output_ids"]
-
-
 def test_crashed_harness_keeps_its_calls(tmp_path, start_reference_server, policies_dir, tiny_model_dir):
     backend = start_reference_server(policies_dir / "plain-answer.yaml")
     adapter = tmp_path / "crasher.yaml"
