@@ -12,6 +12,7 @@ from typing import Any
 from polar_mitm.engines.backends import parse_backends
 from polar_mitm.harness_env import harness_env, write_ca_bundle
 from polar_mitm.launch import die_with_parent
+from polar_mitm.tokens.gguf import model_name
 from polar_mitm.tokens.reply_parser import REASONING_PARSERS, TOOL_PARSERS
 
 
@@ -131,7 +132,7 @@ def model_names(reports: dict[str, Any]) -> list[str]:
     for route, pick in (("/get_model_info", lambda d: [d.get("model_path")]),
                         ("/v1/models", lambda d: [m.get("root") or m.get("id") for m in d.get("data", [])])):
         try:
-            names = [Path(str(n)).name for n in pick(reports[route]) if n]
+            names = [model_name(Path(str(n))) for n in pick(reports[route]) if n]
         except Exception:  # noqa: BLE001 - a route that did not answer, or an answer that names nothing
             continue
         if names:
@@ -171,7 +172,7 @@ def model_mismatch(url: str, names: list[str], tokenizer: str | Path) -> str | N
     """The warning when an engine's reported model names are not the tokenizer directory's; None when they agree
     or the engine names none."""
     path = Path(tokenizer).expanduser().resolve()
-    want = (path.parent if path.suffix == ".gguf" else path).name
+    want = model_name(path)
     if not names or want.lower() in (n.lower() for n in names):
         return None
     return (f"the engine at {url} serves {names[0]!r} but the tokenizer is {str(path)!r}: if these are "

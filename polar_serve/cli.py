@@ -16,7 +16,9 @@ DEFAULT_PREFIX_CACHE_MB = 512  # polar_serve.engine's default too (not imported 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("serve", help="run the reference inference server", description=__doc__)
-    p.add_argument("--model", required=True, type=Path, help="local model directory (transformers format)")
+    p.add_argument("--model", required=True, type=Path,
+                   help="local model directory (transformers format), or a .gguf file (its weights dequantized to "
+                        "float32 at load)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     p.add_argument("--port", type=port, default=DEFAULT_PORT, help="port; 0 picks a free one (default: %(default)s)")
     p.add_argument("--policy", type=Path, help="scripted policy YAML (docs/reference-server.md)")
@@ -76,7 +78,8 @@ async def _serve(args: argparse.Namespace, policy: Policy | None) -> None:
 
     torch.set_num_threads(max(1, args.threads))
     engine = Engine(args.model, prefix_cache_mb=args.prefix_cache_mb, context_length=args.context_length)
-    options = ServerOptions(served_model_name=args.served_model_name or args.model.resolve().name,
+    model_dir = args.model.resolve().parent if args.model.suffix == ".gguf" else args.model.resolve()
+    options = ServerOptions(served_model_name=args.served_model_name or model_dir.name,  # the proxy's name too
                             incremental_streaming_output=args.incremental_streaming_output,
                             step_delay_s=args.step_delay_ms / 1000, reply_format=args.reply_format)
     runner = web.AppRunner(ReferenceServer(engine, policy, options).app(), access_log=None)
@@ -114,8 +117,11 @@ def run(args: argparse.Namespace) -> int:
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s",
                         stream=sys.stderr)
-    if not (args.model / "config.json").is_file():
-        print(f"polar serve: {args.model} is not a model directory (no config.json)", file=sys.stderr)
+    if args.model.suffix == ".gguf" and not args.model.is_file():
+        print(f"polar serve: {args.model}: no such file", file=sys.stderr)
+        return 2
+    if args.model.suffix != ".gguf" and not (args.model / "config.json").is_file():
+        print(f"polar serve: {args.model} is not a model directory (no config.json) or a .gguf file", file=sys.stderr)
         return 2
     try:
         policy = load_policy(args.policy) if args.policy else None

@@ -32,10 +32,18 @@ def _quiet_transformers() -> None:
     hf_logging.set_verbosity_error()
 
 
+def _source(path: str) -> tuple[str, dict[str, str]]:
+    """A model directory, or a .gguf file in one: the directory and the keyword that names the file."""
+    p = Path(path)
+    return (str(p.parent), {"gguf_file": p.name}) if p.suffix == ".gguf" else (path, {})
+
+
 def _load_model(path: str, dtype: torch.dtype) -> Any:
+    """A GGUF file's quantized weights are dequantized at load (to `dtype`): the server computes in float."""
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True).eval()
+    where, gguf = _source(path)
+    return AutoModelForCausalLM.from_pretrained(where, dtype=dtype, local_files_only=True, **gguf).eval()
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> tuple[int, ...]:
@@ -61,7 +69,8 @@ class Engine:
         _quiet_transformers()
         self.dtype = dtype
         self.model_path = str(model_path)
-        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path, local_files_only=True)
+        where, gguf = _source(self.model_path)
+        self.tokenizer = AutoTokenizer.from_pretrained(where, local_files_only=True, **gguf)
         self.model = _load_model(self.model_path, dtype)
         self.weight_version = "0"
         self.eos_token_ids = _eos_ids(self.model, self.tokenizer)

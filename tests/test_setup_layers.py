@@ -14,11 +14,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 TEST_ONLY = ("install_python_harnesses.sh", "install_openclaw.sh", "install_more_harnesses.sh", "setup_podman.sh",
-             "fetch_tokenizers.sh", "install_mistral_common.sh")
+             "fetch_tokenizers.sh", "install_mistral_common.sh", "fetch_models.sh")
 PI, CODEX = "@mariozechner/pi-coding-agent", "@openai/codex"
 STEP_SCRIPTS = ("setup_apt.sh", "setup_python.sh", "install_harnesses.sh", "install_apptainer.sh", "build_image.sh",
                 "setup_sandbox_user.sh", "setup_redis.sh", "install_python_harnesses.sh", "install_openclaw.sh",
-                "install_more_harnesses.sh", "setup_podman.sh", "fetch_tokenizers.sh", "install_mistral_common.sh")
+                "install_more_harnesses.sh", "setup_podman.sh", "fetch_tokenizers.sh", "install_mistral_common.sh",
+                "fetch_models.sh")
 
 
 def steps(*args: str) -> list[tuple[str, str, str]]:
@@ -47,6 +48,9 @@ def test_full_layer_installs_everything_with_apt_alone_first():
     commands = [cmd for _mode, _name, cmd in full]
     assert "bash scripts/install_harnesses.sh all" in commands
     assert "bash scripts/setup_python.sh serve,test,trl" in commands
+    # the model comes through .venv's pip: the step after the venv's, in the same branch
+    venv = commands.index("bash scripts/setup_python.sh serve,test,trl")
+    assert commands.index("bash scripts/fetch_models.sh") == venv + 1
     assert "bash scripts/build_image.sh --sif" in commands  # image.sif too: the tests' root runs use it
     assert [mode for mode, _n, cmd in full if "setup_apt" in cmd] == ["serial"]
     assert full[-1] == ("serial", "podman and the task image as polar-tasks:local", "bash scripts/setup_podman.sh")

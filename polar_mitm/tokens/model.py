@@ -12,7 +12,7 @@ from polar_mitm.conversation import Conversation, Message, Tool, ToolCall
 from polar_mitm.tokens.detok import Detokenizer
 from polar_mitm.tokens.family import detect, reasoning_of
 from polar_mitm.tokens.prompt import ChatRenderer
-from polar_mitm.tokens import reply_parser
+from polar_mitm.tokens import gguf, reply_parser
 from polar_mitm.tokens.reply_parser import ReplyParser, new_parser
 
 # auto: read from the chat template (polar_mitm/tokens/family.py)
@@ -74,10 +74,9 @@ def load_model(spec: str, tool_parser: str = "auto", reasoning_parser: str = "au
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach a hub from the proxy
     from transformers import AutoTokenizer
 
-    kwargs = {"gguf_file": path.name} if path.suffix == ".gguf" else {}
-    model_dir = path.parent if kwargs else path
+    model_dir = gguf.tokenizer_dir(path) if path.suffix == ".gguf" else path  # ValueError: cannot convert
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(model_dir), **kwargs)
+        tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     except (OSError, ValueError) as e:
         raise ValueError(f"cannot load a tokenizer from {path}: {e}") from e
     if not getattr(tokenizer, "chat_template", None):
@@ -105,7 +104,7 @@ def load_model(spec: str, tool_parser: str = "auto", reasoning_parser: str = "au
         renderer=renderer,
         stop_ids=frozenset(stop),
         context_length=context_length or int(config.get("max_position_embeddings") or 32768),
-        served_names=(model_dir.name,),
+        served_names=(gguf.model_name(path),),
         tool_parser=tools,
         reasoning_parser=reasoning,
         starts_in_reasoning=bool(reasoning) and opened,
