@@ -7,7 +7,6 @@ one forward pass of transformers over prompt + sampled ids, whose log-softmax mu
 within LOGPROB_BOUND (float32: the server's chunked prefill and one-token decode steps sum in another order)."""
 from __future__ import annotations
 
-
 import pytest
 import torch
 
