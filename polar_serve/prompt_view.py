@@ -4,7 +4,9 @@ blocks or `tool` turns); Gemma 3's turns as Polar's template writes them with to
 (polar_mitm/tokens/templates/gemma3_tools.jinja: each tool's JSON on a line of the first user turn, results in
 ```tool_output blocks of user turns; its `model` role read as `assistant`); and Mistral's instruct format
 ([AVAILABLE_TOOLS]…[/AVAILABLE_TOOLS], [INST]…[/INST] user turns, an assistant turn up to </s>,
-[TOOL_RESULTS]…[/TOOL_RESULTS] tool turns)."""
+[TOOL_RESULTS]…[/TOOL_RESULTS] tool turns); and gpt-oss's harmony messages (<|start|>ROLE…<|message|>…<|end|>,
+the developer message's instructions as the system turn and its `type NAME = (` lines as the tools offered, a
+message from functions.NAME a tool turn; harmony's own fixed system message left out)."""
 from __future__ import annotations
 
 import json
@@ -16,6 +18,9 @@ TOOLS_BLOCK = re.compile(r"<tools>\s*(.*?)\s*</tools>", re.DOTALL)
 TOOL_RESPONSE = re.compile(r"<tool_response>\s*(.*?)\s*</tool_response>", re.DOTALL)
 GEMMA_TURN = re.compile(r"<start_of_turn>([^\n]*)\n(.*?)(<end_of_turn>|\Z)", re.DOTALL)
 TOOL_OUTPUT = re.compile(r"```tool_output\n(.*?)\n```", re.DOTALL)
+HARMONY_MESSAGE = re.compile(r"<\|start\|>([^<]*)(?:<\|channel\|>[^<]*)?(?:<\|constrain\|>[^<]*)?<\|message\|>(.*?)"
+                             r"(<\|end\|>|<\|call\|>|<\|return\|>|\Z)", re.DOTALL)
+HARMONY_TOOL = re.compile(r"^type (\S+) = \(", re.MULTILINE)
 MISTRAL_MARK = re.compile(r"(\[INST\]|\[/INST\]|\[TOOL_RESULTS\]|\[/TOOL_RESULTS\]|\[AVAILABLE_TOOLS\]|"
                           r"\[/AVAILABLE_TOOLS\]|</s>)")
 
@@ -119,9 +124,32 @@ def _mistral(text: str) -> PromptView:
     return PromptView(text=text, turns=tuple(turns), tools=tools)
 
 
+def _harmony(text: str) -> PromptView:
+    turns: list[Turn] = []
+    tools: tuple[str, ...] = ()
+    for match in HARMONY_MESSAGE.finditer(text):
+        header, body, end = match.groups()
+        if not end:
+            break  # the open message the model is asked to continue
+        role = (header.split() or [""])[0]
+        if role == "system":
+            continue  # harmony's own, not the request's
+        if role.startswith("functions."):
+            turns.append(Turn("tool", body, 1, True))
+            continue
+        if role == "developer":
+            role = "system"
+            _, namespace, declarations = body.partition("namespace functions {")
+            tools = tools or (tuple(HARMONY_TOOL.findall(declarations)) if namespace else ())
+        turns.append(Turn(role, body, 0))
+    return PromptView(text=text, turns=tuple(turns), tools=tools)
+
+
 def parse_prompt(text: str) -> PromptView:
     if "[INST]" in text and "<|im_start|>" not in text:
         return _mistral(text)
+    if text.startswith("<|start|>"):  # (another family's prompt may hold harmony markup a model wrote as text)
+        return _harmony(text)
     gemma = "<start_of_turn>" in text
     turn, results = (GEMMA_TURN, TOOL_OUTPUT) if gemma else (TURN, TOOL_RESPONSE)
     turns = []

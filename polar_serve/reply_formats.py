@@ -11,7 +11,8 @@ calls in the family's own markup, so the proxy's parsers meet the sequences a mo
   mistral_v3   (none: dropped)        [TOOL_CALLS][{"name": …, "arguments": {…}, "id": ID}, …] (v3/v7 Tekken: NeMo,
                                       Small), ID 9 letters and digits from the call's name, place and `salt`
   llama3_json  (none: dropped)        {"name": …, "parameters": {…}}; … (after <|python_tag|> when there is content)
-  harmony      analysis channel       commentary to=functions.NAME <|constrain|>json, one message per call
+  harmony      analysis channel       commentary to=functions.NAME <|constrain|>json, one message per call,
+                                      ended by <|call|> (gpt-oss stops there: one call per reply on its vocabulary)
   tool_code    (none: dropped)        ```tool_code\nNAME(KEY=VALUE, …)\n…```, values as JSON (Gemma 3 with
                                       polar_mitm/tokens/templates/gemma3_tools.jinja, which renders past calls so)
 Arguments given as text (a policy's raw JSON, possibly malformed on purpose) are written as they are.
@@ -113,13 +114,15 @@ def write_reply(fmt: str, think: str | None, content: str, calls: Sequence[Call]
         if not calls:
             return content
         return f"{content}<|python_tag|>{body}" if content else body
-    if fmt == "harmony":
-        messages = [] if think is None else [f"<|channel|>analysis<|message|>{think}"]
+    if fmt == "harmony":  # each message ended as harmony ends it in history: <|end|>, a call <|call|>
+        messages = [] if think is None else [f"<|channel|>analysis<|message|>{think}<|end|>"]
         if content:
-            messages.append(f"<|channel|>{'commentary' if calls else 'final'}<|message|>{content}")
-        messages += [f" to=functions.{name}<|channel|>commentary <|constrain|>json<|message|>{_json(args)}"
+            messages.append(f"<|channel|>{'commentary' if calls else 'final'}<|message|>{content}<|end|>")
+        messages += [f" to=functions.{name}<|channel|>commentary <|constrain|>json<|message|>{_json(args)}<|call|>"
                      for name, args in calls]
-        return "<|end|><|start|>assistant".join(messages)
+        # a final answer ends at the stop token the server appends (gpt-oss's <|return|>); a call at <|call|>,
+        # also a stop token of gpt-oss: a second call in one reply is never reached there, as with the model
+        return "<|start|>assistant".join(messages).removesuffix("<|end|>")
     if fmt == "tool_code":
         if not calls:
             return content

@@ -206,9 +206,18 @@ def build_model(tok: Tokenizer, seed: int):
     return model
 
 
+# The stop tokens of a family's real generation_config.json, where the tokenizer's eos is not all of them
+# (gpt-oss stops at a tool call's <|call|> and at <|endoftext|> too).
+FAMILY_STOPS = {"<|return|>": ("<|return|>", "<|endoftext|>", "<|call|>")}
+
+
 def write_for_tokenizer(tokenizer_dir: Path, out: Path, seed: int = 0) -> Path:
-    """`out`: the tokenizer files of `tokenizer_dir` and a random tiny Qwen2 model over its whole vocabulary."""
-    from transformers import AutoTokenizer, GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+    """`out`: the tokenizer files of `tokenizer_dir` and a random tiny Qwen3 model over its whole vocabulary;
+    generation_config.json stops where the family's real one does. Qwen3, not Qwen2: transformers 5 loads the
+    tokenizer of a `qwen2` model directory as Qwen2's whatever its tokenizer_config.json says (and so rebuilt
+    another family's pre-tokenizer: gpt-oss's digits one by one), while for `qwen3` it keeps the declared class;
+    checked below, the directory's AutoTokenizer must give the source's ids."""
+    from transformers import AutoTokenizer, GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
     auto = AutoTokenizer.from_pretrained(str(tokenizer_dir))
     out.mkdir(parents=True, exist_ok=True)
@@ -217,15 +226,20 @@ def write_for_tokenizer(tokenizer_dir: Path, out: Path, seed: int = 0) -> Path:
             shutil.copyfile(tokenizer_dir / name, out / name)
     eos = auto.eos_token_id
     pad = auto.pad_token_id if auto.pad_token_id is not None else eos
-    config = Qwen2Config(
+    config = Qwen3Config(
         vocab_size=len(auto), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=32768, tie_word_embeddings=True, bos_token_id=pad,
-        eos_token_id=eos, pad_token_id=pad, use_sliding_window=False, dtype="float32")
+        num_key_value_heads=2, head_dim=8, max_position_embeddings=32768, tie_word_embeddings=True,
+        bos_token_id=pad, eos_token_id=eos, pad_token_id=pad, use_sliding_window=False, dtype="float32")
     torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(config).eval()
+    model = Qwen3ForCausalLM(config).eval()
     init_weights(model, seed)
-    model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=pad, do_sample=False)
+    stops = [auto.convert_tokens_to_ids(t) for t in FAMILY_STOPS.get(auto.eos_token, ())] or eos
+    model.generation_config = GenerationConfig(eos_token_id=stops, pad_token_id=pad, do_sample=False)
     model.save_pretrained(out, safe_serialization=True)
+    probe = "Knowledge cutoff: 2024-06\n\n  héllo wörld 日本語 <think> x=1;\ty"
+    got = AutoTokenizer.from_pretrained(str(out)).encode(probe, add_special_tokens=False)
+    if got != auto.encode(probe, add_special_tokens=False):
+        raise RuntimeError(f"{out}: its tokenizer encodes otherwise than {tokenizer_dir}'s")
     return out
 
 

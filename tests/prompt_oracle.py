@@ -5,10 +5,11 @@ It reads only the raw provider request kept in the record (`record["request"]`),
 prompt code, and checks that every text the harness sent (system prompts and instructions, user text, tool
 results, assistant text and tool-call names) appears in `tokenizer.decode(prompt_ids)`, line by line, in the
 order sent: top-level system prompts and instructions first, then each offered tool's name and description
-(raw or JSON-escaped; the tools all together may also come before the system prompts, as Mistral's template
-writes them; none for a record flagged `template_dropped_tools`), then the turns. A system/developer prompt
-inside the conversation may stay in its place or be hoisted into the leading system message, still in order
-(the Chat and Responses codecs hoist them, the Anthropic codec keeps Claude Code's in place). Whitespace is normalised per line, so a template may re-indent.
+(raw or JSON-escaped, or the description first; the tools all together may also come before the system prompts,
+as Mistral's template writes them; none for a record flagged `template_dropped_tools`), then the turns. A
+system/developer prompt inside the conversation may stay in its place or be hoisted into the leading system
+message, still in order (the Chat and Responses codecs hoist them, the Anthropic codec keeps Claude Code's in
+place). Whitespace is normalised per line, so a template may re-indent.
 Reasoning (thinking blocks, reasoning items, thought parts) is not required: a harness may send it or drop it.
 For an OpenAI Chat call rendered from scratch (not substituted) whose request has no reasoning artefacts, the
 prompt must also equal the model's chat template applied to the request's own messages and tools.
@@ -152,12 +153,14 @@ def _part_texts(content: Any, where: str) -> list[Sent]:
 
 
 def _tool(where: str, spec: dict[str, Any]) -> list[Sent]:
-    """An offered tool's name, then its description raw or as JSON escapes it (templates show tools as JSON)."""
-    description = spec.get("description") or ""
-    out = _text(f"{where}.name", spec["name"])
-    if description.strip():
-        out.append(Sent(f"{where}.description", (description, json.dumps(description, ensure_ascii=False)[1:-1])))
-    return out
+    """An offered tool's name, then its description raw or as JSON escapes it (templates show tools as JSON); or
+    the description first (harmony's TypeScript: a `//` comment over `type NAME`)."""
+    name, description = spec["name"], spec.get("description") or ""
+    if not description.strip():
+        return _text(f"{where}.name", name)
+    escaped = json.dumps(description, ensure_ascii=False)[1:-1]
+    return [Sent(f"{where} (name and description)",
+                 (f"{name}\n{description}", f"{name}\n{escaped}", f"{description}\n{name}"))]
 
 
 # ---------------------------------------------------------------- the four request shapes

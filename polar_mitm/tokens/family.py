@@ -6,7 +6,8 @@ tool calls at all gets no tool parser: replies are text (and `template_dropped_t
 offered tools). Gemma 3 is the exception: its calling is prompt-based, so its template (which renders no tools)
 is replaced by Polar's own, polar_mitm/tokens/templates/gemma3_tools.jinja: the same text without tools, the
 tools and past calls in the prompt-based form with them. The proxy says so at start; `--tool-parser none` keeps
-Gemma's own. A Gemma template that renders tools itself writes them some other way: it is refused with one line
+Gemma's own. A gpt-oss tokenizer without a chat template (harmony's special tokens, no template) gets Polar's
+harmony.jinja, the text openai-harmony renders. A Gemma template that renders tools itself writes them some other way: it is refused with one line
 naming the ways out (`--tool-parser` to force one, when the user knows the model writes that form anyway;
 `--render engine`, polar_mitm/engines/chat.py, to let the engine render and parse).
 
@@ -48,6 +49,18 @@ FAMILIES: tuple[tuple[str, tuple[str, ...], str], ...] = (
 )
 # Families whose own template renders no tools, and Polar's template that renders them the family's way.
 OWN_TEMPLATES = {"Gemma 3": TEMPLATES / "gemma3_tools.jinja"}
+# Tokenizers published without a chat template, known by special tokens only their family has, and Polar's
+# template for them: gpt-oss's harmony format (the npm o200k_harmony tokenizer ships none), checked against
+# openai-harmony's own rendering.
+VOCABULARY_TEMPLATES = ((("<|channel|>", "<|constrain|>", "<|call|>"), TEMPLATES / "harmony.jinja"),)
+
+
+def template_for_vocabulary(special_tokens: set[str]) -> Path | None:
+    """Polar's template for a tokenizer that has none, when its special tokens name the family; else None."""
+    for markers, template in VOCABULARY_TEMPLATES:
+        if all(m in special_tokens for m in markers):
+            return template
+    return None
 
 
 @dataclass(frozen=True)

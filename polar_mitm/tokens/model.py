@@ -10,7 +10,7 @@ from typing import Any
 
 from polar_mitm.conversation import Conversation, Message, Tool, ToolCall
 from polar_mitm.tokens.detok import Detokenizer
-from polar_mitm.tokens.family import detect, reasoning_of
+from polar_mitm.tokens.family import detect, reasoning_of, template_for_vocabulary
 from polar_mitm.tokens.prompt import ChatRenderer
 from polar_mitm.tokens import gguf, reply_parser
 from polar_mitm.tokens.reply_parser import ReplyParser, new_parser
@@ -79,8 +79,12 @@ def load_model(spec: str, tool_parser: str = "auto", reasoning_parser: str = "au
         tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     except (OSError, ValueError) as e:
         raise ValueError(f"cannot load a tokenizer from {path}: {e}") from e
+    own_whole = None
     if not getattr(tokenizer, "chat_template", None):
-        raise ValueError(f"{path} has no chat template")
+        own_whole = template_for_vocabulary(set(tokenizer.get_added_vocab()))
+        if own_whole is None:
+            raise ValueError(f"{path} has no chat template")
+        tokenizer.chat_template = own_whole.read_text()  # gpt-oss: Polar's harmony.jinja
     template = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else json.dumps(
         tokenizer.chat_template)  # a list of named templates in some tokenizer configs
     formats = detect(template) if tool_parser == "auto" else None  # ValueError: a family not parsed yet
@@ -95,7 +99,8 @@ def load_model(spec: str, tool_parser: str = "auto", reasoning_parser: str = "au
     stop = set(_as_list(_read_json(model_dir / "generation_config.json").get("eos_token_id")))
     if tokenizer.eos_token_id is not None:
         stop.add(tokenizer.eos_token_id)
-    renderer = ChatRenderer(tokenizer)
+    harmony_template = formats is not None and formats.tool_parser == "harmony"  # not a --tool-parser harmony
+    renderer = ChatRenderer(tokenizer, turn_end="<|end|>" if harmony_template else None)
     reasoning = None if reasoning_parser == "none" else reasoning_parser
     opening = reply_parser.REASONING_TAGS.get(reasoning or "", ("",))[0]  # harmony opens no tag
     opened = bool(opening) and renderer.render_text(_PROBE, (), generation_prompt=True).rstrip().endswith(opening)
@@ -111,7 +116,8 @@ def load_model(spec: str, tool_parser: str = "auto", reasoning_parser: str = "au
         template_drops=template_drops(renderer),
         max_token_bytes=longest_token(tokenizer),
         family=(f"{formats.family}; tools rendered by Polar's {formats.template.name}" if formats and formats.template
-                else formats.family if formats else f"given: --tool-parser {tool_parser}"),
+                else f"{formats.family}; no chat template in the tokenizer, Polar's {own_whole.name} renders"
+                if formats and own_whole else formats.family if formats else f"given: --tool-parser {tool_parser}"),
     )
 
 

@@ -138,11 +138,14 @@ class Prompt:
 class ChatRenderer:
     """Renders conversations with one tokenizer's chat template."""
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any, turn_end: str | None = None) -> None:
         self.tokenizer = tokenizer
         # a fast tokenizer's Rust backend directly: the same ids without the Python wrapper's ~0.3 ms a call
         self._backend = getattr(tokenizer, "_tokenizer", None) if getattr(tokenizer, "is_fast", False) else None
-        self.eos_text = tokenizer.decode([tokenizer.eos_token_id]) if tokenizer.eos_token_id is not None else ""
+        # what the template closes a past assistant turn with: the eos token, but harmony's <|end|> (gpt-oss
+        # samples <|return|> there, and <|call|> after a call, which its template writes as sampled)
+        self.eos_text = turn_end if turn_end is not None else (
+            tokenizer.decode([tokenizer.eos_token_id]) if tokenizer.eos_token_id is not None else "")
         self._heads: dict[bytes, str] = {}  # tools key -> the stand-in history rendered up to its user message
         self.prefixes = PrefixCache(self.encode, split_tokens(tokenizer))
         # a template that reads the clock (strftime_now: today's date) renders differently tomorrow

@@ -14,10 +14,11 @@ import pytest
 from transformers import AutoTokenizer
 
 from polar_mitm.launch import stop
-from polar_mitm.tokens.family import OWN_TEMPLATES
+from polar_mitm.tokens.family import OWN_TEMPLATES, TEMPLATES
 from polar_traj.build import BuildConfig, build_session
 from polar_traj.reading import Session, SessionFile
 from polar_traj.records import CallRecord
+from tests.harmony_reference import encoding as harmony_encoding, harmony_ids
 from tests.mistral_reference import mistral_common, write_hf_tokenizer
 from tests.polar_mitm.conftest import start_proxy
 from tests.polar_mitm.sdk_clients import CLIENTS, Way
@@ -25,6 +26,7 @@ from tests.polar_mitm.tokens.test_reply_families import TOKENIZERS
 from tests.prompt_oracle import assert_prompt_faithful
 
 _ids = itertools.count()
+HARMONY = TEMPLATES / "harmony.jinja"
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +69,20 @@ def mistral_proxy(tmp_path_factory, start_reference_server, policies_dir, make_t
     stop(proc)
 
 
+@pytest.fixture(scope="module")
+def gptoss_proxy(tmp_path_factory, start_reference_server, policies_dir, make_tiny_model):
+    """The real o200k_harmony tokenizer, published without a chat template: the proxy renders with Polar's
+    harmony.jinja (auto); the reference server writes harmony (`--reply-format harmony`), a call ended by
+    <|call|>, one of gpt-oss's stop tokens (tiny model's generation_config as the real one)."""
+    tokenizer = TOKENIZERS / "gptoss"
+    assert (tokenizer / ".installed").is_file(), f"{tokenizer}: run `make setup` (scripts/fetch_tokenizers.sh)"
+    model = make_tiny_model.write_for_tokenizer(tokenizer, tmp_path_factory.mktemp("tiny-gptoss") / "tiny-gptoss")
+    backend = start_reference_server(policies_dir / "tool-call.yaml", model, "--reply-format", "harmony")
+    proc, handle = start_proxy(tmp_path_factory.mktemp("gptoss-proxy"), backend, model)
+    yield handle, model, harmony_encoding(tokenizer, tmp_path_factory.mktemp("o200k"))
+    stop(proc)
+
+
 @pytest.mark.parametrize("api", ["openai_chat", "anthropic"])
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
 def test_a_qwen3_tool_session_is_exact_and_merges(qwen3_proxy, tiny_qwen3, api, stream):
@@ -99,6 +115,25 @@ def test_a_mistral_tool_session_is_mistral_commons_ids(mistral_proxy, api, strea
         records = proxy.records(session)
         chats = [{"messages": r["request"]["messages"], "tools": r["request"].get("tools")} for r in records]
         assert mistral_common(chats)["tokens"] == [r["prompt_ids"] for r in records]
+
+
+@pytest.mark.parametrize("api", ["openai_chat", "anthropic"])
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+def test_a_gpt_oss_tool_session_is_openai_harmonys_ids(gptoss_proxy, api, stream):
+    """As the sessions above, on harmony: the call ends at <|call|>, the tool turn's history is an append; and a
+    Chat Completions session's first prompt is the very ids openai-harmony renders the request into."""
+    proxy, model, encoding = gptoss_proxy
+    tokenizer = AutoTokenizer.from_pretrained(str(model))
+    tokenizer.chat_template = HARMONY.read_text()  # what the proxy renders with
+    session = f"gptoss-{api}-{stream}-{next(_ids)}"
+    first = tool_session(proxy, session, api, stream, tokenizer)
+    assert first["output_ids"][-1] == tokenizer.convert_tokens_to_ids("<|call|>")
+    assert "to=functions.shell<|channel|>commentary <|constrain|>json<|message|>" in tokenizer.decode(
+        first["output_ids"])
+    if api == "openai_chat":
+        request = first["request"]
+        want = harmony_ids(encoding, request["messages"], request.get("tools"))
+        assert first["prompt_ids"] == want, (tokenizer.decode(first["prompt_ids"]), tokenizer.decode(want))
 
 
 def tool_session(proxy, session: str, api: str, stream: bool, tokenizer) -> dict:

@@ -69,6 +69,29 @@ def test_prompt_view_reads_gemma3_turns_as_polars_template_writes_them(hf_tokeni
     assert parse_prompt(gemma(ask)).tools == ()  # no tools: no lines of them
 
 
+def test_prompt_view_reads_harmony_messages_as_polars_template_writes_them(hf_tokenizer) -> None:
+    from polar_mitm.tokens.family import TEMPLATES
+
+    def harmony(messages: list[dict], tools: list[dict] | None = None) -> str:
+        return hf_tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True,
+                                                chat_template=(TEMPLATES / "harmony.jinja").read_text())
+
+    ask = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "make polar.txt"}]
+    first = parse_prompt(harmony(ask, [tool("read_file"), tool("Bash")]))
+    assert first.tools == ("read_file", "Bash") and first.tool_results == 0 and not first.after_tool_result
+    assert first.system.startswith("# Instructions\n\nBe brief.")  # the developer message, not harmony's own
+    call = {"role": "assistant", "content": "", "reasoning_content": "go",
+            "tool_calls": [{"id": "c1", "function": {"name": "Bash", "arguments": {}}}]}
+    results = [{"role": "tool", "tool_call_id": "c1", "content": "ok"},
+               {"role": "tool", "name": "Bash", "content": "ok"}]
+    later = parse_prompt(harmony(ask + [call] + results, [tool("Bash")]))
+    assert later.tools == ("Bash",) and later.tool_results == 2 and later.after_tool_result
+    assert later.last_user == "make polar.txt"
+    # a ChatML prompt holding harmony markup a model wrote as text is still read as ChatML
+    assert parse_prompt("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<|start|>x<|message|>y<|end|>"
+                        "<|im_end|>\n").turns[0].role == "user"
+
+
 def test_prompt_view_reads_mistrals_instruct_format() -> None:
     tools = "[AVAILABLE_TOOLS]" + json.dumps([tool("read_file"), tool("bash")]) + "[/AVAILABLE_TOOLS]"
     call = '[TOOL_CALLS][{"name": "bash", "arguments": {}, "id": "abcdefghi"}]</s>'
