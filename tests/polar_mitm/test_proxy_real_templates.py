@@ -70,16 +70,20 @@ def mistral_proxy(tmp_path_factory, start_reference_server, policies_dir, make_t
 
 
 @pytest.fixture(scope="module")
-def gptoss_proxy(tmp_path_factory, start_reference_server, policies_dir, make_tiny_model):
-    """The real o200k_harmony tokenizer, published without a chat template: the proxy renders with Polar's
-    harmony.jinja (auto); the reference server writes harmony (`--reply-format harmony`), a call ended by
-    <|call|>, one of gpt-oss's stop tokens (tiny model's generation_config as the real one)."""
+def tiny_gptoss(tmp_path_factory, make_tiny_model):
+    """The real o200k_harmony tokenizer, published without a chat template (the proxy renders with Polar's
+    harmony.jinja), under a tiny model that stops where gpt-oss does (<|return|>, <|call|>)."""
     tokenizer = TOKENIZERS / "gptoss"
     assert (tokenizer / ".installed").is_file(), f"{tokenizer}: run `make setup` (scripts/fetch_tokenizers.sh)"
-    model = make_tiny_model.write_for_tokenizer(tokenizer, tmp_path_factory.mktemp("tiny-gptoss") / "tiny-gptoss")
-    backend = start_reference_server(policies_dir / "tool-call.yaml", model, "--reply-format", "harmony")
-    proc, handle = start_proxy(tmp_path_factory.mktemp("gptoss-proxy"), backend, model)
-    yield handle, model, harmony_encoding(tokenizer, tmp_path_factory.mktemp("o200k"))
+    return make_tiny_model.write_for_tokenizer(tokenizer, tmp_path_factory.mktemp("tiny-gptoss") / "tiny-gptoss")
+
+
+@pytest.fixture(scope="module")
+def gptoss_proxy(tmp_path_factory, start_reference_server, policies_dir, tiny_gptoss):
+    """The reference server writes harmony (`--reply-format harmony`): a call ended by <|call|>."""
+    backend = start_reference_server(policies_dir / "tool-call.yaml", tiny_gptoss, "--reply-format", "harmony")
+    proc, handle = start_proxy(tmp_path_factory.mktemp("gptoss-proxy"), backend, tiny_gptoss)
+    yield handle, tiny_gptoss, harmony_encoding(TOKENIZERS / "gptoss", tmp_path_factory.mktemp("o200k"))
     stop(proc)
 
 
@@ -136,6 +140,31 @@ def test_a_gpt_oss_tool_session_is_openai_harmonys_ids(gptoss_proxy, api, stream
         assert first["prompt_ids"] == want, (tokenizer.decode(first["prompt_ids"]), tokenizer.decode(want))
 
 
+def test_a_gpt_oss_final_answer_is_kept_as_sampled_and_flagged(tiny_gptoss, tmp_path, policies_dir,
+                                                               start_reference_server):
+    """A final answer is sampled up to <|return|>, with its reasoning; harmony's history writes <|end|> and, the
+    last assistant message being a final answer, drops that reasoning. The next prompt keeps what was sampled
+    (substituted, one chain) and says how many tokens differ from the template's rendering."""
+    backend = start_reference_server(policies_dir / "plain-answer.yaml", tiny_gptoss, "--reply-format", "harmony")
+    proc, proxy = start_proxy(tmp_path / "proxy", backend, tiny_gptoss)
+    try:
+        first, second = two_turn_chat(proxy, "gptoss-final", max_tokens=64)
+    finally:
+        stop(proc)
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_gptoss))
+    tokenizer.chat_template = HARMONY.read_text()
+    assert first["output_ids"][-1] == tokenizer.convert_tokens_to_ids("<|return|>")
+    assert tokenizer.decode(first["output_ids"]).startswith("<|channel|>analysis<|message|>No tool is needed")
+    assert second["prefix_source"] == "substituted"
+    assert second["prompt_ids"][: len(first["prompt_ids"]) + len(first["output_ids"])] == \
+        first["prompt_ids"] + first["output_ids"]
+    # the differing span runs from the dropped reasoning to the <|return|> the template writes as <|end|>
+    reply = tokenizer.encode("analysis<|message|>No tool is needed for this.<|end|><|start|>assistant<|channel|>"
+                             "final<|message|>Polar answers in plain text.<|return|>", add_special_tokens=False)
+    assert second["flags"] == [f"history_differs_from_template:{len(reply)}"], second["flags"]
+    assert_exact([first, second], tokenizer, backend, max_new_tokens=64)
+
+
 def tool_session(proxy, session: str, api: str, stream: bool, tokenizer) -> dict:
     """A tool-call session through an SDK: the call reaches it, the second call is a substituted append, each
     prompt holds what was sent and its ids are the engine's; the session merges into one chain. Its first record."""
@@ -180,13 +209,13 @@ def test_a_two_turn_chat_on_each_real_template_is_exact_and_substituted(family, 
     assert_exact(records, AutoTokenizer.from_pretrained(str(model)), backend)
 
 
-def two_turn_chat(proxy, session: str) -> list[dict]:
+def two_turn_chat(proxy, session: str, max_tokens: int = 6) -> list[dict]:
     """A plain two-turn Chat Completions session (the model samples 6 tokens a turn); its records."""
     url, headers = f"{proxy.base_url}/v1/chat/completions", {"authorization": f"Bearer {session}"}
     messages = [{"role": "user", "content": "Say something."}]
     for follow_up in ("And more.", None):
         r = httpx.post(url, headers=headers, timeout=120, json={
-            "model": "m", "messages": messages, "max_tokens": 6, "temperature": 0})
+            "model": "m", "messages": messages, "max_tokens": max_tokens, "temperature": 0})
         assert r.status_code == 200, r.text
         if follow_up:
             messages += [{"role": "assistant", "content": r.json()["choices"][0]["message"]["content"]},
