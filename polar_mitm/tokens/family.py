@@ -7,9 +7,9 @@ offered tools). Gemma 3 is the exception: its calling is prompt-based, so its te
 is replaced by Polar's own, polar_mitm/tokens/templates/gemma3_tools.jinja: the same text without tools, the
 tools and past calls in the prompt-based form with them. The proxy says so at start; `--tool-parser none` keeps
 Gemma's own. A gpt-oss tokenizer without a chat template (harmony's special tokens, no template) gets Polar's
-harmony.jinja, the text openai-harmony renders. A Gemma template that renders tools itself writes them some other way: it is refused with one line
-naming the ways out (`--tool-parser` to force one, when the user knows the model writes that form anyway;
-`--render engine`, polar_mitm/engines/chat.py, to let the engine render and parse).
+harmony.jinja, the text openai-harmony renders. A Gemma template that renders tools itself writes them some other
+way: it is refused with one line naming the ways out (`--tool-parser` to force one, when the user knows the model
+writes that form anyway; `--render engine`, polar_mitm/engines/chat.py, to let the engine render and parse).
 
   markers                                        family            tool parser
   <|channel|>                                    gpt-oss harmony   harmony (reasoning too: the analysis channel)
