@@ -7,7 +7,8 @@ calls in the family's own markup, so the proxy's parsers meet the sequences a mo
   glm45        <think>…</think>       <tool_call>NAME<arg_key>KEY</arg_key><arg_value>VALUE</arg_value></tool_call>
   deepseek_v3  <think>…</think>       <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME ```json …```…
   kimi_k2      <think>…</think>       <|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:I…
-  mistral      [THINK]…[/THINK]       [TOOL_CALLS]NAME[ARGS]{…} per call (v11)
+  mistral      [THINK]…[/THINK]       [TOOL_CALLS]NAME[ARGS]{…} per call (v13: Magistral)
+  mistral_v11  (none: dropped)        [TOOL_CALLS]NAME[CALL_ID]ID[ARGS]{…} per call (v11: Devstral), ID as v3's
   mistral_v3   (none: dropped)        [TOOL_CALLS][{"name": …, "arguments": {…}, "id": ID}, …] (v3/v7 Tekken: NeMo,
                                       Small), ID 9 letters and digits from the call's name, place and `salt`
   llama3_json  (none: dropped)        {"name": …, "parameters": {…}}; … (after <|python_tag|> when there is content)
@@ -23,8 +24,8 @@ import hashlib
 import json
 from typing import Any, Sequence
 
-REPLY_FORMATS = ("hermes", "qwen3_coder", "glm45", "deepseek_v3", "kimi_k2", "mistral", "mistral_v3", "llama3_json",
-                 "harmony", "tool_code")
+REPLY_FORMATS = ("hermes", "qwen3_coder", "glm45", "deepseek_v3", "kimi_k2", "mistral", "mistral_v3", "mistral_v11",
+                 "llama3_json", "harmony", "tool_code")
 
 Call = tuple[str, Any]  # (name, arguments: a dict, or JSON text written as it is)
 
@@ -103,6 +104,9 @@ def write_reply(fmt: str, think: str | None, content: str, calls: Sequence[Call]
     if fmt == "mistral":
         text = ("" if think is None else f"[THINK]{think}[/THINK]") + content
         return text + "".join(f"[TOOL_CALLS]{name}[ARGS]{_json(args)}" for name, args in calls)
+    if fmt == "mistral_v11":
+        return content + "".join(f"[TOOL_CALLS]{name}[CALL_ID]{_mistral_id(name, i, salt)}[ARGS]{_json(args)}"
+                                 for i, (name, args) in enumerate(calls))
     if fmt == "mistral_v3":
         if not calls:
             return content

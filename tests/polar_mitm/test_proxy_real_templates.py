@@ -57,15 +57,21 @@ def gemma3_proxy(tmp_path_factory, start_reference_server, policies_dir, make_ti
     stop(proc)
 
 
-@pytest.fixture(scope="module")
-def mistral_proxy(tmp_path_factory, start_reference_server, policies_dir, make_tiny_model):
-    """Mistral's real Tekken tokenizer with mistral-common's chat template (tests/mistral_reference.py); the
-    reference server writes calls as a Tekken v3 model does (`--reply-format mistral_v3`)."""
-    tekken = write_hf_tokenizer(tmp_path_factory.mktemp("tekken") / "tekken")
+# Mistral's formats (mistral-common's names) and how the reference server writes a model of each: v3's list of
+# calls with ids (NeMo), v11's [CALL_ID] (Devstral), v13's [THINK] with no ids (Magistral)
+MISTRAL_VERSIONS = {"v3": (None, "mistral_v3"), "v11": ("v11", "mistral_v11"), "v13": ("v13", "mistral")}
+
+
+@pytest.fixture(scope="module", params=sorted(MISTRAL_VERSIONS))
+def mistral_proxy(request, tmp_path_factory, start_reference_server, policies_dir, make_tiny_model):
+    """Mistral's real Tekken tokenizer with mistral-common's chat template for that format
+    (tests/mistral_reference.py); the reference server writes calls as a model of that format does."""
+    version, reply_format = MISTRAL_VERSIONS[request.param]
+    tekken = write_hf_tokenizer(tmp_path_factory.mktemp("tekken") / "tekken", version)
     model = make_tiny_model.write_for_tokenizer(tekken, tmp_path_factory.mktemp("tiny-tekken") / "tiny-tekken")
-    backend = start_reference_server(policies_dir / "tool-call.yaml", model, "--reply-format", "mistral_v3")
+    backend = start_reference_server(policies_dir / "tool-call.yaml", model, "--reply-format", reply_format)
     proc, handle = start_proxy(tmp_path_factory.mktemp("mistral-proxy"), backend, model)
-    yield handle, model
+    yield handle, model, version
     stop(proc)
 
 
@@ -111,14 +117,14 @@ def test_a_gemma3_tool_session_is_exact_and_merges(gemma3_proxy, api, stream):
 def test_a_mistral_tool_session_is_mistral_commons_ids(mistral_proxy, api, stream):
     """As the Qwen3 and Gemma 3 sessions; and each Chat Completions call's prompt is the very ids mistral-common
     encodes the request as sent into (the second one substituted, so the model's sampled call with its id)."""
-    proxy, model = mistral_proxy
+    proxy, model, version = mistral_proxy
     session = f"mistral-{api}-{stream}-{next(_ids)}"
     first = tool_session(proxy, session, api, stream, AutoTokenizer.from_pretrained(str(model)))
     assert AutoTokenizer.from_pretrained(str(model)).convert_tokens_to_ids("[TOOL_CALLS]") in first["output_ids"]
     if api == "openai_chat":
         records = proxy.records(session)
         chats = [{"messages": r["request"]["messages"], "tools": r["request"].get("tools")} for r in records]
-        assert mistral_common(chats)["tokens"] == [r["prompt_ids"] for r in records]
+        assert mistral_common(chats, version)["tokens"] == [r["prompt_ids"] for r in records]
 
 
 @pytest.mark.parametrize("api", ["openai_chat", "anthropic"])

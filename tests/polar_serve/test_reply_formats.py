@@ -10,9 +10,9 @@ from polar_mitm.tokens.reply_parser import UNPARSED_TOOL_CALL, parse_reply
 from polar_serve.reply_formats import REPLY_FORMATS, write_reply
 
 REASONING = {"hermes": "think", "qwen3_coder": "think", "glm45": "think", "deepseek_v3": "think",
-             "kimi_k2": "think", "mistral": "mistral", "mistral_v3": None, "llama3_json": None, "harmony": "harmony",
+             "kimi_k2": "think", "mistral": "mistral", "mistral_v3": None, "mistral_v11": None, "llama3_json": None, "harmony": "harmony",
              "tool_code": None}
-PARSER = {"mistral_v3": "mistral"}  # the proxy's one Mistral parser reads both shapes
+PARSER = {"mistral_v3": "mistral", "mistral_v11": "mistral"}  # the proxy's one Mistral parser reads all shapes
 
 words = st.text(st.characters(whitelist_categories=("L", "N"), whitelist_characters=" .,:;!?-ü"), min_size=1,
                 max_size=30).map(str.strip).filter(bool)
