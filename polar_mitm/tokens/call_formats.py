@@ -188,6 +188,28 @@ def _literal(node: ast.expr) -> Any:
 
 
 _KEYWORD = "__polar_keyword_"  # a tool or argument named like a Python keyword (`from`), renamed to parse
+_HYPHEN = "__polar_hyphen__"  # a tool or argument named with hyphens (`web-search`), joined into one name to parse
+
+
+def _unhyphen(source: str) -> str:
+    """`source` with each hyphenated name written without spaces right before `(` or `=` (`web-search(`,
+    `max-results=`) joined into one Python name by _HYPHEN: `a - b(…)` with spaces stays a subtraction."""
+    tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
+    out: list[tuple[int, str]] = []
+    i = 0
+    while i < len(tokens):
+        j = i  # tokens[i..j] alternate NAME, '-', NAME, … each touching the next
+        while (tokens[j].type == tokenize.NAME and j + 2 < len(tokens) and tokens[j + 1].string == "-"
+               and tokens[j + 2].type == tokenize.NAME and tokens[j].end == tokens[j + 1].start
+               and tokens[j + 1].end == tokens[j + 2].start):
+            j += 2
+        after = tokens[j + 1] if j + 1 < len(tokens) else None
+        if j > i and after is not None and after.string in ("(", "=") and tokens[j].end == after.start:
+            out.append((tokenize.NAME, _HYPHEN.join(t.string for t in tokens[i:j + 1:2])))
+        else:  # (a later start in the same run ends at the same token: no need to look again, so linear)
+            out += [(t.type, t.string) for t in tokens[i:j + 1]]
+        i = j + 1
+    return tokenize.untokenize(out)
 
 
 def _unkeyword(source: str) -> str:
@@ -211,17 +233,18 @@ def _python_call(node: ast.expr) -> Call:
         node = node.args[0]  # print(NAME(…)): the form Gemma's cookbooks show
     if not isinstance(node, ast.Call) or node.args or not all(k.arg for k in node.keywords):
         raise ValueError("not a call with keyword arguments only")
-    name = ast.unparse(node.func).replace(_KEYWORD, "")
-    if not re.fullmatch(r"[A-Za-z_][\w.]*", name):
+    name = ast.unparse(node.func).replace(_KEYWORD, "").replace(_HYPHEN, "-")
+    if not re.fullmatch(r"[A-Za-z_][\w.-]*", name):
         raise ValueError(name)
-    return name, {k.arg.removeprefix(_KEYWORD): _literal(k.value) for k in node.keywords}  # type: ignore[union-attr]
+    return name, {k.arg.removeprefix(_KEYWORD).replace(_HYPHEN, "-"): _literal(k.value)  # type: ignore[union-attr]
+                  for k in node.keywords}
 
 
 def parse_tool_code(body: str) -> list[Call] | None:
     """A ```tool_code block's lines: `NAME(KEY=VALUE, …)` each (or `[A(…), B(…)]`), values Python or JSON
     literals → calls, or None when any part is something else. Never evaluated: read as a syntax tree."""
     try:
-        tree = ast.parse(_unkeyword(body.strip()), mode="exec")
+        tree = ast.parse(_unkeyword(_unhyphen(body.strip())), mode="exec")
         calls: list[Call] = []
         for statement in tree.body:
             if not isinstance(statement, ast.Expr):

@@ -74,6 +74,9 @@ REPLIES = {
     "tool_code_python": ("tool_code", None,  # Python's literals and a list of calls, as a model may write them
                          "```tool_code\n[bash(command='ls -la', timeout=30), read(path='ü.py', lines=(1, 2))]\n```",
                          None, "", TWO_CALLS),
+    "tool_code_hyphens": ("tool_code", None,  # hyphenated names, keyword names, and text that only looks like them
+                          '```tool_code\nweb-search(query="a - b(c=1)", max-results=3, from="x")\n```',
+                          None, "", [("web-search", {"query": "a - b(c=1)", "max-results": 3, "from": "x"})]),
     "harmony_final": ("harmony", "harmony",
                       "<|channel|>analysis<|message|>Need the files.<|end|><|start|>assistant<|channel|>final"
                       "<|message|>Here they are.",
@@ -129,6 +132,7 @@ def test_any_split_streams_the_same_reply(name, data):
     ("tool_code", "Sure.\n```tool_code\n__import__(name='os').system(command='x')\n```",  # never run, never read
      "Sure.\n```tool_code\n__import__(name='os').system(command='x')\n```"),
     ("tool_code", "```tool_code\nbash('ls')\n```", "```tool_code\nbash('ls')\n```"),  # positional: no names
+    ("tool_code", "```tool_code\nweb - search(q=1)\n```", "```tool_code\nweb - search(q=1)\n```"),  # a subtraction
     ("tool_code", "```tool_code\nbash(command=ls)\n", "```tool_code\nbash(command=ls)"),  # a name, never closed
     ("harmony", "<|channel|>commentary to=functions.bash <|constrain|>json<|message|>{not json",
      "<|channel|>commentary to=functions.bash <|constrain|>json<|message|>{not json"),
@@ -235,7 +239,7 @@ def test_deepseek_v3s_own_rendering_of_two_calls_parses_back():
 
 @pytest.mark.parametrize("family, name", [("gptoss", "harmony_call"), ("gptoss", "harmony_final"),
                                           ("deepseek_v3", "deepseek_v3.1"), ("llama3_1", "llama3_json"),
-                                          ("gemma3", "tool_code")])
+                                          ("gemma3", "tool_code"), ("gemma3", "tool_code_hyphens")])
 def test_replies_through_each_real_tokenizer_parse_as_their_text_does(family, name):
     tools, reasoning, text, thought, content, calls = REPLIES[name]
     tokenizer = real_tokenizer(family)
