@@ -4,9 +4,10 @@ reasoning, and a randomly initialised Qwen2ForCausalLM. Deterministic: running i
     .venv/bin/python scripts/make_tiny_model.py [--out DIR] [--seed N]
     .venv/bin/python scripts/make_tiny_model.py --from-tokenizer .tools/tokenizers/qwen3 --out DIR
 
---from-tokenizer: random tiny weights for another model's real tokenizer and chat template (a family's
+--from-tokenizer: random tiny Qwen3 weights for another model's real tokenizer and chat template (a family's
 tokenizer fetched by scripts/fetch_tokenizers.sh), so the reference server samples ids of that vocabulary and the
-proxy renders that family's template (tests/polar_mitm/test_proxy_real_templates.py).
+proxy renders that family's template (tests/polar_mitm/test_proxy_real_templates.py). Qwen3 rather than Qwen2
+because of the gotcha below: for `qwen3` transformers keeps the tokenizer class the tokenizer declares.
 
 DESIGN.md §6 gotcha: transformers 5 loads this directory with Qwen2Tokenizer (chosen from config.model_type),
 which rebuilds the normalizer and pre-tokenizer itself; we train with exactly those so the ids agree, and check.
