@@ -68,7 +68,11 @@ def test_the_reward_rises_on_a_learnable_task(tmp_path):
     """brevity (polar/trl/task.py: 1 - characters / 64), a tasks file as a user brings one, 10 steps: the reward
     the trainer sees rises. Five runs here went from 0.18-0.26 over the first three steps to 0.71-0.98 over the
     last three (four sync, one overlapped); the vowel task rises too, but by 0.09-0.53 in 10 steps, too close to
-    noise for a test."""
+    noise for a test. Runs differ: at this learning rate one overshot once it was brief (0.21 to 0.94 by step 7,
+    then empty answers, reward 0, at steps 8 and 9), another rose slowly (0.24 to 0.50 at steps 7-9). So the test
+    asks for the best of the last five steps to be 0.2 above the first three's mean: about three standard
+    deviations of a step's mean at the start (eight samples, 0.12-0.30 seen), which a trainer that learns nothing
+    does not reach."""
     from polar.trl.task import write_tasks
 
     tasks, out = write_tasks(tmp_path / "tasks.yaml", 2, kind="brevity"), tmp_path / "run"
@@ -77,5 +81,5 @@ def test_the_reward_rises_on_a_learnable_task(tmp_path):
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rewards = [s["reward_mean"] for s in json.loads((out / "steps.json").read_text())]
-    first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
-    assert last >= first + 0.2, rewards
+    first = sum(rewards[:3]) / 3
+    assert max(rewards[-5:]) >= first + 0.2, rewards
