@@ -14,6 +14,7 @@ import base64
 import hashlib
 import json
 import os
+import tempfile
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -45,10 +46,13 @@ def write_o200k_base(tokenizer_json: Path, out_dir: Path) -> Path:
     return out_dir
 
 
+_VOCAB = tempfile.TemporaryDirectory(prefix="polar-o200k-")  # removed when the process ends
+
+
 @cache
-def encoding(tokenizer_dir: Path, vocab_dir: Path) -> Any:
-    if not (vocab_dir / "o200k_base.tiktoken").is_file():
-        write_o200k_base(tokenizer_dir / "tokenizer.json", vocab_dir)
+def encoding(tokenizer_dir: Path) -> Any:
+    """openai-harmony's gpt-oss encoding over the vocabulary of `tokenizer_dir`, written once per process."""
+    vocab_dir = write_o200k_base(tokenizer_dir / "tokenizer.json", Path(_VOCAB.name))
     os.environ["TIKTOKEN_ENCODINGS_BASE"] = str(vocab_dir)  # read from disk: never the network
     from openai_harmony import HarmonyEncodingName, load_harmony_encoding
 

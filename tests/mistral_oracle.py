@@ -3,8 +3,10 @@ project's: `.tools/mistral-common-venv/bin/python tests/mistral_oracle.py < REQU
 
 The request: {"tokenizer": a file name in mistral_common/data (e.g. "tekken_240911.json"), "version": a format
 version to encode with instead of the file's ("v7", "v11", "v13"; the later versions' tokens, [ARGS] and
-[CALL_ID], then [THINK] and [/THINK], are added where Mistral's later Tekken files have them) or null, "chats": [{"messages": […], "tools": […]
-or null}, …], "export": a folder or null} with messages and tools as the OpenAI Chat API takes them. The answer, as JSON on stdout: {"tokens": [the ids mistral-common encodes each chat into], "texts": […]}.
+[CALL_ID], then [THINK] and [/THINK], are added where Mistral's later Tekken files have them) or null,
+"chats": [{"messages": […], "tools": […] or null}, …], "export": a folder or null} with messages and tools as the
+OpenAI Chat API takes them. The answer, as JSON on stdout: {"tokens": [the ids mistral-common encodes each chat
+into], "texts": […]}.
 With "export": the folder gets that Tekken tokenizer as tekken.json, its special tokens written out (older files
 leave them to mistral-common's defaults), and chat_template.jinja, the Hugging Face chat template mistral-common
 writes for it: what a Mistral model converted for Hugging Face carries. Imports only mistral_common and the
@@ -32,9 +34,9 @@ LATER_SPECIALS = {"v11": {32: "[ARGS]", 33: "[CALL_ID]"},
 def main() -> None:
     request = json.load(sys.stdin)
     path = Path(mistral_common.__file__).parent / "data" / request["tokenizer"]
-    folder = Path(request["export"] or tempfile.mkdtemp(prefix="polar-tekken-"))
-    tekken = export(path, request.get("version"), folder)
-    tokenizer = MistralTokenizer.from_file(str(tekken))
+    with tempfile.TemporaryDirectory(prefix="polar-tekken-") as scratch:  # the folder, when none is asked for
+        tekken = export(path, request.get("version"), Path(request["export"] or scratch))
+        tokenizer = MistralTokenizer.from_file(str(tekken))
     tokens, texts = [], []
     for chat in request["chats"]:
         encoded = tokenizer.encode_chat_completion(ChatCompletionRequest.from_openai(chat["messages"], chat.get("tools")))

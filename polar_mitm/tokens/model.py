@@ -10,7 +10,7 @@ from typing import Any
 
 from polar_mitm.conversation import Conversation, Message, Tool, ToolCall
 from polar_mitm.tokens.detok import Detokenizer
-from polar_mitm.tokens.family import detect, reasoning_of, template_for_vocabulary
+from polar_mitm.tokens.family import Formats, detect, reasoning_of, template_for_vocabulary
 from polar_mitm.tokens.prompt import ChatRenderer
 from polar_mitm.tokens import gguf, reply_parser
 from polar_mitm.tokens.reply_parser import ReplyParser, new_parser
@@ -115,10 +115,19 @@ def load_model(spec: str, tool_parser: str = "auto", reasoning_parser: str = "au
         starts_in_reasoning=bool(reasoning) and opened,
         template_drops=template_drops(renderer),
         max_token_bytes=longest_token(tokenizer),
-        family=(f"{formats.family}; tools rendered by Polar's {formats.template.name}" if formats and formats.template
-                else f"{formats.family}; no chat template in the tokenizer, Polar's {own_whole.name} renders"
-                if formats and own_whole else formats.family if formats else f"given: --tool-parser {tool_parser}"),
+        family=_family_line(formats, own_whole, tool_parser),
     )
+
+
+def _family_line(formats: Formats | None, own_whole: Path | None, tool_parser: str) -> str:
+    """What the proxy says at start about the model: its family, and the template of Polar's it renders with."""
+    if formats is None:
+        return f"given: --tool-parser {tool_parser}"
+    if formats.template is not None:
+        return f"{formats.family}; tools rendered by Polar's {formats.template.name}"
+    if own_whole is not None:
+        return f"{formats.family}; no chat template in the tokenizer, Polar's {own_whole.name} renders"
+    return formats.family
 
 
 def longest_token(tokenizer: Any) -> int:

@@ -89,7 +89,7 @@ def gptoss_proxy(tmp_path_factory, start_reference_server, policies_dir, tiny_gp
     """The reference server writes harmony (`--reply-format harmony`): a call ended by <|call|>."""
     backend = start_reference_server(policies_dir / "tool-call.yaml", tiny_gptoss, "--reply-format", "harmony")
     proc, handle = start_proxy(tmp_path_factory.mktemp("gptoss-proxy"), backend, tiny_gptoss)
-    yield handle, tiny_gptoss, harmony_encoding(TOKENIZERS / "gptoss", tmp_path_factory.mktemp("o200k"))
+    yield handle, tiny_gptoss, harmony_encoding(TOKENIZERS / "gptoss")
     stop(proc)
 
 
@@ -216,7 +216,7 @@ def test_a_two_turn_chat_on_each_real_template_is_exact_and_substituted(family, 
 
 
 def two_turn_chat(proxy, session: str, max_tokens: int = 6) -> list[dict]:
-    """A plain two-turn Chat Completions session (the model samples 6 tokens a turn); its records."""
+    """A plain two-turn Chat Completions session (the model samples up to `max_tokens` a turn); its records."""
     url, headers = f"{proxy.base_url}/v1/chat/completions", {"authorization": f"Bearer {session}"}
     messages = [{"role": "user", "content": "Say something."}]
     for follow_up in ("And more.", None):

@@ -3,12 +3,11 @@ template. Per family the reference server writes the policy's calls the way that
 (`polar serve --reply-format`); pi (OpenAI Chat, base URL) and Claude Code (Anthropic, HTTPS_PROXY) run a
 multi-turn session with reasoning where the family writes it, two parallel shell calls and then one more
 (fixtures/policies/parallel-then-more.yaml; gpt-oss, which stops at each call, two calls one after the other:
-shell-twice.yaml). Each run: the files written, the formats the proxy said it uses,
-no error and no unparsed call, every
-prompt holding what the harness sent, every call's ids and logprobs those of a forward pass, the agent's calls one
-merged trajectory; and the first call equals the family's own rendering of the request (for Mistral, the ids
-mistral-common encodes; for gpt-oss, the ids openai-harmony renders; for the others, transformers'
-`apply_chat_template` through the prompt oracle)."""
+shell-twice.yaml). Each run: the files written, the formats the proxy said it uses, no error and no unparsed
+call, every prompt holding what the harness sent, every call's ids and logprobs those of a forward pass, the
+agent's calls one merged trajectory; and the first call equals the family's own rendering of the request (for
+Mistral, the ids mistral-common encodes; for gpt-oss, the ids openai-harmony renders; for the others,
+transformers' `apply_chat_template` through the prompt oracle)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -96,8 +95,8 @@ def test_a_family_through_a_harness(family, harness, family_models, tmp_path, po
         assert mistral_common(chats)["tokens"] == [r["prompt_ids"] for r in agent]
     if family == "gptoss" and agent[0]["api"] == "openai_chat":  # openai-harmony's rendering of what pi sent
         request = agent[0]["request"]
-        encoding = harmony_encoding(TOKENIZERS / "gptoss", tmp_path / "o200k")
-        assert agent[0]["prompt_ids"] == harmony_ids(encoding, request["messages"], request.get("tools"))
+        assert agent[0]["prompt_ids"] == harmony_ids(harmony_encoding(TOKENIZERS / "gptoss"), request["messages"],
+                                                     request.get("tools"))
     table = read_trajectories(out / "trajectories.parquet").to_pylist()
     ids = [r["call_id"] for r in agent]
     (chain,) = [t for t in table if set(ids) & set(t["call_ids"])]

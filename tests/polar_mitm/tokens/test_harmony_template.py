@@ -19,11 +19,11 @@ GPTOSS = TOKENIZERS / "gptoss"
 
 
 @pytest.fixture(scope="module")
-def harmony(tmp_path_factory):
+def harmony():
     assert (GPTOSS / ".installed").is_file(), f"{GPTOSS}: run `make setup` (scripts/fetch_tokenizers.sh)"
     tokenizer = AutoTokenizer.from_pretrained(str(GPTOSS))
     tokenizer.chat_template = (TEMPLATES / "harmony.jinja").read_text()
-    return tokenizer, encoding(GPTOSS, tmp_path_factory.mktemp("o200k"))
+    return tokenizer, encoding(GPTOSS)
 
 
 def assert_same(harmony, messages, tools) -> None:
