@@ -12,7 +12,7 @@ from polar_mitm.cli import model_mismatch, model_names
 from polar_mitm.tokens import gguf
 from polar_mitm.tokens.model import load_model
 from tests.conftest import ROOT
-from tests.polar.harness.test_real_model import GGUF
+from tests.polar.harness.test_real_model import SMOLLM2 as GGUF
 
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Ünïcödé, tabs\tand 日本語?"},
         {"role": "assistant", "content": "Yes."}, {"role": "user", "content": "  spaces  "}]
