@@ -26,7 +26,7 @@ from typing import Any, Callable, Sequence
 
 import orjson
 
-from .records import CallRecord, record_path
+from .records import CallRecord, plain_ids, record_path
 from .shared_prefix import SHARED_DIR, SHARED_VERSION, write_shared
 from .shared_prefix import copy_capture, shared_files  # noqa: F401 (re-exported: a capture file travels with them)
 
@@ -44,11 +44,20 @@ _LONG_DIGITS = b"0" * 19
 
 
 def dumps_line(obj: dict[str, Any]) -> bytes:
-    """Compact JSON; text that is not valid Unicode (a lone surrogate) is kept as a `\\udXXX` escape."""
+    """Compact JSON; text that is not valid Unicode (a lone surrogate) is kept as a `\\udXXX` escape. An id
+    array('i') (the proxy's prompts) is written from its buffer, as numpy's int32: no Python int per id."""
     try:
-        return orjson.dumps(obj)
+        return orjson.dumps(obj, default=_int32_view, option=orjson.OPT_SERIALIZE_NUMPY)
     except TypeError:  # orjson refuses lone surrogates (and ints past 64 bits): the stdlib escapes them
-        return json.dumps(obj, separators=(",", ":"), ensure_ascii=True).encode("ascii")
+        return json.dumps(obj, separators=(",", ":"), ensure_ascii=True, default=plain_ids).encode("ascii")
+
+
+def _int32_view(value: Any) -> Any:
+    if isinstance(value, array) and value.typecode == "i" and value.itemsize == 4:
+        import numpy as np  # pyarrow's dependency; loaded on the first array written
+
+        return np.frombuffer(value, dtype=np.int32) if len(value) else []
+    return plain_ids(value)
 
 
 def loads_line(line: bytes) -> Any:
@@ -84,6 +93,8 @@ class Shared:
 
 def id_bytes(ids: Sequence[int]) -> bytes | None:
     """Ids as int32 bytes, or None when one does not fit (such a record is never referred to)."""
+    if isinstance(ids, array) and ids.typecode == "i" and ids.itemsize == 4:
+        return ids.tobytes()
     try:
         return array("i", ids).tobytes()
     except (OverflowError, TypeError):

@@ -5,8 +5,9 @@ import json
 import os
 import re
 from dataclasses import dataclass, field, fields
+from array import array
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 APIS = ("openai_chat", "openai_responses", "anthropic", "gemini")
 # task and session ids become folder and file names: one safe shape, checked wherever an id enters.
@@ -19,6 +20,13 @@ def check_id(value: str, field: str = "id") -> str:
         raise ValueError(f"{field} {value!r} is not a valid id: use 1-128 of A-Z a-z 0-9 . _ - "
                          "(not starting with . _ or -)")
     return value
+
+
+def plain_ids(value: Any) -> list[int]:
+    """json.dumps' `default`: an id array as the list it holds."""
+    if isinstance(value, array):
+        return value.tolist()
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
 OPTIONAL_FIELDS = frozenset({"error", "flags", "engine"})  # older records may lack them
@@ -36,7 +44,9 @@ class CallRecord:
     ended_at: float
     latency_ms: float
     policy_version: int | None
-    prompt_ids: tuple[int, ...]  # exactly what the engine consumed
+    # exactly what the engine consumed: a tuple, or the proxy's array('i') (a substituted prompt is concatenated
+    # from the session's arrays and written from its buffer: no Python int per id)
+    prompt_ids: Sequence[int]
     output_ids: tuple[int, ...]  # exactly what it sampled
     output_logprobs: tuple[float, ...]  # same length as output_ids
     finish_reason: str | None
@@ -61,11 +71,11 @@ class CallRecord:
         a JSON escape) is kept as a `\\udXXX` escape: the line stays valid UTF-8 and `json.loads` returns
         the same strings."""
         data = {f.name: getattr(self, f.name) for f in fields(self)}  # no deep copy: the fields are plain values
-        line = json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+        line = json.dumps(data, separators=(",", ":"), ensure_ascii=False, default=plain_ids)
         try:
             line.encode("utf-8")
         except UnicodeEncodeError:
-            line = json.dumps(data, separators=(",", ":"), ensure_ascii=True)
+            line = json.dumps(data, separators=(",", ":"), ensure_ascii=True, default=plain_ids)
         return line
 
     @classmethod

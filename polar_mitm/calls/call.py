@@ -4,8 +4,9 @@ from __future__ import annotations
 import hashlib
 import time
 import uuid
+from array import array
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 from polar_mitm.conversation import Completion, Conversation, Message, ReplyEvent
 from polar_mitm.engines.api import EngineOutput
@@ -102,12 +103,17 @@ def make_record(call: Call, response: dict[str, Any] | None, error: str | None =
         api=call.route.api, model=call.conv.model, stream=call.conv.stream,
         started_at=call.started_at, ended_at=ended, latency_ms=round((ended - call.started_at) * 1000, 3),
         policy_version=out.weight_version,
-        prompt_ids=tuple(call.prompt.ids) if call.prompt else (),
+        prompt_ids=_kept(call.prompt.ids) if call.prompt else (),
         output_ids=tuple(out.output_ids), output_logprobs=tuple(out.logprobs),
         finish_reason=out.finish_reason, prefix_source=call.prompt.source if call.prompt else "rendered:none",
         parent_call_id=call.prompt.parent_call_id if call.prompt else None,
         request=recorded_request(call), response=response, error=error, flags=flags, engine=call.engine,
     )
+
+
+def _kept(ids: Sequence[int]) -> Sequence[int]:
+    """The prompt ids as the record keeps them: an array('i') as it is (written from its buffer), else a tuple."""
+    return ids if isinstance(ids, array) else tuple(ids)
 
 
 def recorded_request(call: Call) -> dict[str, Any]:

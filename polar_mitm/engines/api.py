@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 from polar_mitm.conversation import Sampling
 
@@ -26,7 +26,7 @@ def parse_engine(spec: str) -> str:
     return spec
 
 
-def engine_request(engine: str, prompt_ids: list[int], sampling: Sampling, max_new_tokens: int,
+def engine_request(engine: str, prompt_ids: Sequence[int], sampling: Sampling, max_new_tokens: int,
                    stream: bool, model: str | None = None) -> tuple[str, dict[str, Any]]:
     """(path, JSON body) asking the engine to continue `prompt_ids` and return ids and logprobs."""
     if engine == "sglang":

@@ -16,7 +16,7 @@ import hashlib
 import json
 from array import array
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 import orjson
 from jinja2 import TemplateError
@@ -106,14 +106,15 @@ class CallTokens:
     output_ids: array
     ended_with_eos: bool
 
-    def ids(self) -> list[int]:
-        """This call's prompt_ids + output_ids."""
+    def ids(self) -> array:
+        """This call's prompt_ids + output_ids, as a new array('i'): copied buffer by buffer (~0.01 ms per 100k
+        ids; a list of them took ~2.5 ms to make its Python ints)."""
         chain: list[CallTokens] = []
         node: CallTokens | None = self
         while node is not None:
             chain.append(node)
             node = node.parent
-        out: list[int] = []
+        out = array("i")
         for node in reversed(chain):
             out += node.new_ids
             out += node.output_ids
@@ -127,7 +128,7 @@ class CallTokens:
 
 @dataclass(frozen=True)
 class Prompt:
-    ids: list[int]
+    ids: Sequence[int]  # rendered: a list or a cached tuple; substituted: an array('i') (CallTokens.ids)
     source: str  # "substituted" | "rendered:<why>"
     parent_call_id: str | None
     hashes: list[bytes] = field(repr=False)
@@ -212,9 +213,9 @@ class ChatRenderer:
         return self.encode(delta)
 
 
-def template_difference(used: list[int], rendered: list[int]) -> int:
+def template_difference(used: Sequence[int], rendered: Sequence[int]) -> int:
     """How many tokens of two prompts differ: all but their common prefix and common suffix (0: the same)."""
-    if used == rendered:
+    if type(used) is type(rendered) and used == rendered:  # an array never equals a list: numpy compares those
         return 0
     import numpy as np  # transformers' dependency: a compare of 100k ids in C, not a Python loop
 

@@ -1,7 +1,9 @@
 """captures.py + capture_reader.py: the linear capture form (format 2) and reading both formats back exactly."""
 from __future__ import annotations
 
+import dataclasses
 import json
+from array import array
 from pathlib import Path
 
 import pytest
@@ -204,6 +206,24 @@ def test_a_vouched_extension_is_written_the_same_and_a_false_one_is_not_trusted(
     liar = make_record(ids + [5] * 10, [9, 99], call_id="liar", parent_call_id="c3")
     writer.write(liar, extends=len(ids))  # the seam check catches it: the ids are compared in full
     assert list(read_capture(vouched))[-1] == liar
+
+
+def test_prompt_ids_as_the_proxys_int32_arrays_are_written_as_tuples_are(capture, make_record):
+    """The proxy hands a substituted prompt's ids as an array('i') (no Python int per id): every writer, linear
+    with or without a vouched extension and the one-line-per-record form, writes the bytes a tuple gives."""
+    records = agent_session(make_record, 5)
+    arrays = [dataclasses.replace(r, prompt_ids=array("i", r.prompt_ids)) for r in records]
+    writer = CaptureWriter(capture / "arrays")
+    for prev, r in zip([None] + arrays, arrays):
+        writer.write(r, extends=len(prev.prompt_ids) + len(prev.output_ids) if prev else None)
+    got = capture / "arrays" / "task" / "sess.jsonl"
+    assert got.read_bytes() == write_linear(capture / "tuples", records).read_bytes()
+    assert list(read_capture(got)) == records  # read back as tuples
+    for r in arrays:
+        append_record(capture / "v1", r)
+    assert [json.loads(x)["prompt_ids"] for x in (capture / "v1" / "task" / "sess.jsonl").read_text().splitlines()] \
+        == [list(r.prompt_ids) for r in records]
+    assert json.loads(arrays[2].to_json())["prompt_ids"] == list(records[2].prompt_ids)
 
 
 def test_a_writer_with_a_memory_bound_forgets_the_least_recent_sessions(tmp_path):

@@ -60,7 +60,8 @@ def test_second_call_extends_the_first_calls_tokens(renderer, tokenizer):
     c2 = conv(SYSTEM, USER, REPLY, RESULT)
     p2 = history.build_prompt(c2, renderer)
     assert p2.source == "substituted" and p2.parent_call_id == "c1"
-    assert p2.ids[: len(p1.ids) + len(out1)] == p1.ids + out1
+    assert list(p2.ids[: len(p1.ids) + len(out1)]) == p1.ids + out1
+    assert p2.ids.typecode == "i"  # copied from the history's int32 arrays, not made into Python ints
     # The sampled reply matched the template's own rendering, so the text is the full rendering.
     assert tokenizer.decode(p2.ids) == tokenizer.decode(full_ids(tokenizer, c2))
 
@@ -72,7 +73,7 @@ def test_replayed_turn_matches_by_meaning(renderer, tokenizer):
     # The harness re-encoded the arguments, renamed the call id and dropped the reasoning.
     replayed = Message("assistant", "", None, (ToolCall("toolu_X", "shell", '{ "command":"echo hi > hello.txt" }'),))
     p2 = history.build_prompt(conv(SYSTEM, USER, replayed, RESULT), renderer)
-    assert p2.source == "substituted" and p2.ids[: len(p1.ids) + len(out1)] == p1.ids + out1
+    assert p2.source == "substituted" and list(p2.ids[: len(p1.ids) + len(out1)]) == p1.ids + out1
 
 
 def test_edited_history_is_rendered_in_full(renderer, tokenizer):
