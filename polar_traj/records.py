@@ -4,8 +4,8 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import dataclass, field, fields
 from array import array
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Sequence
 

