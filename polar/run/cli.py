@@ -24,7 +24,7 @@ from polar.sandbox.supervisor import supervising
 from polar.tasks.evaluate import EvaluatorCrash
 from polar.tasks.spec import TaskError, TaskSpec, load_tasks, refuse_online, select_task
 from polar_mitm.cli import engine_model_mismatch, tokenizer_problem
-from polar_mitm.sessions.sampling import FIXABLE, add_sampling_args, sampling_from_args
+from polar_mitm.sessions.sampling import add_sampling_args, sampling_from_args
 
 DEFAULT_MODEL = ROOT / "fixtures" / "tiny-qwen2"
 
@@ -68,7 +68,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", type=Path, help="run folder (default: runs/<adapter>-<time>)")
     p.add_argument("--timeout", type=positive_seconds, default=600.0, help="seconds before the harness is stopped")
     p.add_argument("--confdir", type=Path, default=Path("~/.polar/mitmproxy"), help="CA dir of a proxy started here")
-    add_sampling_args(p)  # with --task
+    add_sampling_args(p)  # a bare session too: its own proxy then keeps the session in a private Redis
     reuse = p.add_argument_group("reuse a running proxy (polar proxy) instead of starting one")
     reuse.add_argument("--proxy", help="its HTTPS_PROXY listener, http://127.0.0.1:PORT")
     reuse.add_argument("--proxy-base-url", help="its base-URL listener, http://127.0.0.1:PORT")
@@ -131,12 +131,12 @@ def _run(args: argparse.Namespace) -> int:
     if not (args.adapter and args.instruction):
         print("polar run: --adapter and --instruction are required (or give --task FILE)", file=sys.stderr)
         return 2
-    if any(getattr(args, name) is not None for name in FIXABLE):
-        print("polar run: --temperature, --top-p, --top-k, --max-tokens and --seed go with --task", file=sys.stderr)
-        return 2
     try:
         spec = load_adapter(args.adapter)
         proxy = reused_proxy(args)
+        sampling = sampling_from_args(args)
+        if sampling and proxy is not None and proxy.sessions == "open":
+            raise ValueError("fixed sampling needs the reused proxy's sessions in Redis (--sessions redis://…)")
         engine = _engine(args)
         if args.workdir is not None and not args.workdir.is_dir():
             raise ValueError(f"--workdir {args.workdir}: no such directory")
@@ -146,7 +146,7 @@ def _run(args: argparse.Namespace) -> int:
     out = args.out or Path("runs") / f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     cfg = RunConfig(spec, args.instruction, out.resolve(), args.via, args.runtime, args.timeout, args.model_name,
                     args.workdir.resolve() if args.workdir else None, args.task_id or "local",
-                    confdir=args.confdir.expanduser())
+                    confdir=args.confdir.expanduser(), sampling=sampling)
     try:
         with Progress(None if proxy else cfg.out / "captures"):  # a reused proxy's folder has others' calls
             result = run_session(cfg, engine, proxy)

@@ -27,6 +27,7 @@ from typing import Any, Mapping
 
 from polar.harness.adapters import AdapterSpec
 from polar.harness.render import Endpoint, Rendered, RunValues, redact, render, write_files
+from polar.run.local_redis import private_redis
 from polar.run.services import ROOT, ProxyHandle, Session, context_view, new_session, reference_server, start_proxy
 from polar.run.summary import RunSummary, WorkspaceTooLarge, changed_files, snapshot, summarize
 from polar.sandbox import supervisor
@@ -66,6 +67,9 @@ class RunConfig:
     session_id: str | None = None
     confdir: Path = DEFAULT_CONFDIR  # where a proxy started here keeps its CA
     tools_bin: tuple[Path, ...] = (TOOLS_BIN, HARNESS_BIN)
+    # fixed sampling for every call (polar_mitm/sessions/sampling.py): a proxy started here then keeps its session
+    # in a private Redis (open mode has no registry to carry it)
+    sampling: dict[str, Any] | None = None
 
 
 @dataclass
@@ -109,10 +113,11 @@ def run_session(cfg: RunConfig, engine: EngineConfig, proxy: ProxyHandle | None 
     with ExitStack() as stack:
         t = time.monotonic()
         if proxy is None:
-            proxy = stack.enter_context(start_services(out, engine, cfg.confdir, stack))
+            sessions = stack.enter_context(private_redis(out / "logs")) if cfg.sampling else "open"
+            proxy = stack.enter_context(start_services(out, engine, cfg.confdir, stack, sessions=sessions))
         t = timer.lap("services_s", t)
         sid = cfg.session_id or f"{cfg.adapter.name}-{uuid.uuid4().hex[:10]}"
-        session = new_session(proxy, cfg.task_id, sid)
+        session = new_session(proxy, cfg.task_id, sid, sampling=cfg.sampling)
         result = _exec_harness(cfg, proxy, session, stack)
         timer.lap("harness_s", t)
     return _finish(cfg, proxy, own_proxy, session, result, timer)

@@ -90,7 +90,7 @@ def apply_fixed(requested: Sampling, fixed: Sampling | None) -> tuple[Sampling, 
     return replace(requested, **changes), flags
 
 
-# -- the same five flags on `polar run --task` and `polar submit` ------------------------------------------------
+# -- the same five flags on `polar run` and `polar submit` -------------------------------------------------------------
 def add_sampling_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("sampling fixed for every LLM call (the agent's requests cannot change it)")
     group.add_argument("--temperature", type=float, help="sampling temperature (0 or more)")

@@ -51,28 +51,17 @@ def forward_logprobs(model, prompt_ids: list[int], output_ids: list[int]) -> lis
     return [logprobs[len(prompt_ids) - 1 + i, t].item() for i, t in enumerate(output_ids)]
 
 
-HAIKU = "Write a haiku about the sea."
-
-
 def pi_writes_a_haiku(tmp_path, backend: str, tokenizer_path, *extra: str) -> tuple[list[dict], object, str]:
-    """polar run: pi through the proxy (base URL) on `backend`, the proxy reading `tokenizer_path`, as a bare
-    session or, given sampling flags (`extra`), as a task (they go with --task); the run's capture records, the
-    folder holding trajectories.parquet and what it printed."""
+    """polar run: pi through the proxy (base URL) on `backend`, the proxy reading `tokenizer_path`, `extra` flags
+    added; the run's capture records, its folder and what it printed."""
     out = tmp_path / "run"
-    if extra:
-        tasks = tmp_path / "tasks.yaml"
-        tasks.write_text(json.dumps({"tasks": [{"task_id": "haiku", "instruction": HAIKU, "adapter": "pi",
-                                                "image": "host", "evaluator": {"command": "true"}, "submit": []}]}))
-        way = ("--task", str(tasks))
-    else:
-        way = ("--adapter", "pi", "--instruction", HAIKU)
-    done = polar_run(*way, "--runtime", "bwrap", "--via", "base_url", "--backend", backend,
-                     "--model", str(tokenizer_path), "--out", str(out), "--confdir", str(tmp_path / "mitm"), *extra,
-                     timeout=600)
+    done = polar_run("--adapter", "pi", "--instruction", "Write a haiku about the sea.", "--runtime", "bwrap",
+                     "--via", "base_url", "--backend", backend, "--model", str(tokenizer_path), "--out", str(out),
+                     "--confdir", str(tmp_path / "mitm"), *extra, timeout=600)
     diag = f"{done.stdout[-2000:]}{done.stderr[-2000:]}"
     assert done.returncode == 0, diag
     assert "warning" not in done.stderr, diag  # the engine's model name is the proxy's tokenizer's
-    records = [r for f in sorted(out.glob("**/captures/*/*.jsonl")) for r in read_capture_dicts(f)]
+    records = [r for f in sorted((out / "captures").glob("*/*.jsonl")) for r in read_capture_dicts(f)]
     assert records, diag
     for r in records:
         assert r["error"] is None, r["error"]
@@ -124,10 +113,11 @@ def test_real_gemma3_270m_through_pi_with_free_sampling(tmp_path, start_referenc
     tokenizer = AutoTokenizer.from_pretrained(GEMMA3_TOKENIZER)
     tokenizer.chat_template = OWN_TEMPLATES["Gemma 3"].read_text()  # what the proxy renders pi's tools with
     backend = start_reference_server(None, GEMMA3)
-    # a base model rarely ends its turn: 48 new tokens a call bound each reply (about 6 s each on this CPU)
+    # a base model rarely ends its turn: 48 new tokens a call (fixed sampling) bound each reply (~6 s on this CPU)
     records, out, diag = pi_writes_a_haiku(tmp_path, backend, GEMMA3_TOKENIZER, "--max-tokens", "48")
     for r in records:
         assert "template_dropped_tools" not in r["flags"], r["flags"]  # pi's tools are in the prompt
+        assert "sampling_override:max_tokens" in r["flags"], r["flags"]  # pi asked for more
         assert_prompt_faithful(r, tokenizer)
         assert len(r["output_ids"]) <= 48
         message = r["response"]["choices"][0]["message"]

@@ -74,8 +74,12 @@ def test_sampling_flags_are_checked_before_anything_starts(tmp_path):
     assert done.returncode == 2
     assert done.stderr.strip() == "polar run: sampling temperature: expected a finite number, got nan"
     assert not (tmp_path / "out").exists()
-    done = polar_run("--adapter", "pi", "--instruction", "x", "--seed", "1", timeout=60)
-    assert done.returncode == 2 and "go with --task" in done.stderr
+    # a bare session takes them too (its proxy keeps the session in a private Redis), checked as early
+    done = polar_run("--adapter", "pi", "--instruction", "x", "--seed", "-1", "--out", str(tmp_path / "bare"),
+                     timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.strip() == "polar run: sampling seed: expected a whole number >= 0, got -1"
+    assert not (tmp_path / "bare").exists()
     args = build_parser().parse_args(["run", "--task", "t.yaml", "--temperature", "0.7", "--top-p", "0.9",
                                       "--top-k", "20", "--max-tokens", "64", "--seed", "3"])
     assert (args.temperature, args.top_p, args.top_k, args.max_tokens, args.seed) == (0.7, 0.9, 20, 64, 3)
