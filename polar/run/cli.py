@@ -12,6 +12,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 from polar.argtypes import positive_seconds
 from polar.harness.adapters import WAYS_IN, AdapterError, available, load_adapter
@@ -134,9 +135,7 @@ def _run(args: argparse.Namespace) -> int:
     try:
         spec = load_adapter(args.adapter)
         proxy = reused_proxy(args)
-        sampling = sampling_from_args(args)
-        if sampling and proxy is not None and proxy.sessions == "open":
-            raise ValueError("fixed sampling needs the reused proxy's sessions in Redis (--sessions redis://…)")
+        sampling = fixed_sampling(args, proxy)
         engine = _engine(args)
         if args.workdir is not None and not args.workdir.is_dir():
             raise ValueError(f"--workdir {args.workdir}: no such directory")
@@ -169,6 +168,15 @@ def _run(args: argparse.Namespace) -> int:
     return result.exit_code or (1 if result.error else 0)
 
 
+def fixed_sampling(args: argparse.Namespace, proxy: ProxyHandle | None) -> dict[str, Any] | None:
+    """The sampling flags given, checked (ValueError naming the bad one). A reused proxy must keep its sessions
+    in Redis to carry them; one started here does (a private Redis when they are given)."""
+    sampling = sampling_from_args(args)
+    if sampling and proxy is not None and proxy.sessions == "open":
+        raise ValueError("fixed sampling needs the reused proxy's sessions in Redis (--sessions redis://…)")
+    return sampling
+
+
 def run_task(args: argparse.Namespace) -> int:
     """`polar run --task FILE [--task-id ID]`: one scored sample (run_sample), printed as the run summary plus
     status, reward and the evaluator's output; trajectories.parquet in the sample folder."""
@@ -194,9 +202,7 @@ def run_task(args: argparse.Namespace) -> int:
             raise ValueError(f"task {task.task_id} names no adapter: pass --adapter")
         spec = load_adapter(adapter_name)
         proxy = reused_proxy(args)
-        sampling = sampling_from_args(args)
-        if sampling and proxy is not None and proxy.sessions == "open":
-            raise ValueError("fixed sampling needs the reused proxy's sessions in Redis (--sessions redis://…)")
+        sampling = fixed_sampling(args, proxy)
         engine = _engine(args)
         _check_image(task.image, "--image" if args.image else f"task {task.task_id}: image")
     except (TaskError, AdapterError, ValueError) as e:
