@@ -52,8 +52,13 @@ def dumps_line(obj: dict[str, Any]) -> bytes:
         return json.dumps(obj, separators=(",", ":"), ensure_ascii=True, default=plain_ids).encode("ascii")
 
 
+def _is_int32(ids: Any) -> bool:
+    """An array('i') of 4-byte ints: its buffer is already the int32 ids."""
+    return isinstance(ids, array) and ids.typecode == "i" and ids.itemsize == 4
+
+
 def _int32_view(value: Any) -> Any:
-    if isinstance(value, array) and value.typecode == "i" and value.itemsize == 4:
+    if _is_int32(value):
         import numpy as np  # pyarrow's dependency; loaded on the first array written
 
         return np.frombuffer(value, dtype=np.int32) if len(value) else []
@@ -93,7 +98,7 @@ class Shared:
 
 def id_bytes(ids: Sequence[int]) -> bytes | None:
     """Ids as int32 bytes, or None when one does not fit (such a record is never referred to)."""
-    if isinstance(ids, array) and ids.typecode == "i" and ids.itemsize == 4:
+    if _is_int32(ids):
         return ids.tobytes()
     try:
         return array("i", ids).tobytes()

