@@ -8,6 +8,7 @@ import errno
 import json
 import os
 import shutil
+import stat
 from pathlib import Path
 
 import pytest
@@ -55,6 +56,51 @@ def test_a_disk_refuses_writes_past_its_size_and_gives_them_back(tmp_path):
     assert (QUOTA_MB - 8) << 20 < kept < QUOTA_MB << 20  # what fitted, copied back
     assert os.readlink(target / "link") == "/etc/passwd"  # a link stays a link, never followed
     assert (target / "tool").stat().st_mode & 0o7777 == 0o755  # no setuid bit comes back
+
+
+def loops_backed_by(folder: Path) -> list[str]:
+    """Loop devices whose file lies under `folder`."""
+    found = []
+    for f in Path("/sys/block").glob("loop*/loop/backing_file"):
+        try:
+            if f.read_text().strip().startswith(str(folder)):
+                found.append(f.parent.parent.name)
+        except OSError:
+            pass  # detached meanwhile
+    return found
+
+
+def test_disks_of_one_size_are_each_a_fresh_filesystem_and_leave_no_loop_device(tmp_path):
+    """The second disk of a size is written from the first's format, not by mkfs: it must still be an empty
+    filesystem of its own, usable beside the first (same ext4 UUID), bounded the same, and each disk's loop
+    device must go with its unmount."""
+    disks = [(tmp_path / f"s{k}" / ".disk", tmp_path / f"s{k}" / "workspace") for k in range(3)]
+    for disk, target in disks:
+        quota.make_disk(disk, QUOTA_MB, (("workspace", target),))
+    try:
+        assert len(loops_backed_by(tmp_path)) == 3
+        for k, (_disk, target) in enumerate(disks):
+            assert os.listdir(target) == []  # nothing of another disk
+            (target / "mine").write_text(str(k))
+        for k, (_disk, target) in enumerate(disks):
+            assert (target / "mine").read_text() == str(k)
+        os.symlink("/etc/passwd", disks[0][1] / "link")  # a small tree: copied back in-process
+        (disks[0][1] / "tool").write_text("#!/bin/sh\n")
+        os.chmod(disks[0][1] / "tool", 0o4755)
+        os.mkfifo(disks[1][1] / "pipe")  # a fifo: copied back by cp
+        with pytest.raises(OSError) as e, open(disks[2][1] / "big.bin", "wb") as f:
+            for _ in range(2 * QUOTA_MB):
+                f.write(b"\0" * (1 << 20))
+                f.flush()
+        assert e.value.errno == errno.ENOSPC
+    finally:
+        for disk, target in disks:
+            quota.remove_disk(disk, (("workspace", target),))
+    assert loops_backed_by(tmp_path) == []
+    assert [(t / "mine").read_text() for _d, t in disks] == ["0", "1", "2"]
+    assert os.readlink(disks[0][1] / "link") == "/etc/passwd"
+    assert (disks[0][1] / "tool").stat().st_mode & 0o7777 == 0o755
+    assert stat.S_ISFIFO((disks[1][1] / "pipe").lstat().st_mode)
 
 
 def test_the_node_default(monkeypatch):
