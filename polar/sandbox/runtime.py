@@ -16,10 +16,12 @@ processes (polar/sandbox/limits.py; wall time is exec's timeout) and reaps whate
 
 No isolated sandbox process is the host's uid 0; setuid/setgid bits are cleared from the writable folders after
 each exec (identity.py). Either way the proxy is reached through unix sockets visible in the sandbox and the in-sandbox TCP forwarder of
-polar/sandbox/bridge.py, which listens on the same port numbers as the proxy on the host.
+polar/sandbox/bridge.py, which listens on the same port numbers as the proxy on the host; bwrap started by root
+runs in a namespace of loopback only that the node made, the node itself listening there (netns.py).
 """
 from __future__ import annotations
 
+import hashlib
 import importlib
 import os
 import shutil
@@ -30,12 +32,14 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from stat import S_ISDIR
 from typing import Callable, Mapping, Protocol, Sequence
 
-from polar.sandbox import bridge, seccomp, supervisor
+from polar.sandbox import bridge, netns, seccomp, supervisor
 from polar.sandbox.capture import CappedCopy
 from polar.sandbox.identity import Identity, copy_without_privileges, drop_privilege_bits, hand_over, sandbox_identity
 from polar.sandbox.limits import DEFAULT_LIMITS, Limits, make_cgroup, rlimit_wrap
+from polar_traj.atomic import made_once
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
@@ -113,9 +117,10 @@ class Runtime(Protocol):
 
 def bridged(argv: Sequence[str], forwards: Sequence[tuple[int, Path]], python: str = sys.executable,
             script: str = bridge.__file__) -> list[str]:
-    """argv run behind the in-sandbox forwarder (stdlib only, so any python3 with the file visible works)."""
+    """argv run behind the in-sandbox forwarder (stdlib only, so any python3 with the file visible works; -S: no
+    site-packages to scan at its start)."""
     fwd = [a for port, path in forwards for a in ("--forward", f"{port}={path}")]
-    return [python, "-I", script, *fwd, "--", *argv]
+    return [python, "-I", "-S", script, *fwd, "--", *argv]
 
 
 _copy = copy_without_privileges  # in and out of a sandbox: links kept as links, no setuid/setgid bits
@@ -299,12 +304,42 @@ def system_view() -> list[str]:
             args += ["--symlink", os.readlink(p), d]
         elif p.is_dir():
             args += ["--ro-bind", d, d]
+    etc = etc_copy()
+    if etc is not None:
+        return args + ["--ro-bind", str(etc), "/etc"]
     files = [str(p) for name in ETC_FILES if (p := Path("/etc", name)).exists()]
     for d in _ancestors(files):  # /etc, /etc/ssl: open to an unprivileged first process
         args += ["--perms", "0755", "--dir", d]
     for f in files:
         args += ["--ro-bind", f, f]
     return args
+
+
+ETC_CACHE = Path("~/.cache/polar/etc")
+
+
+def etc_copy() -> Path | None:
+    """The ETC_FILES the host has, copied into a folder of their own (ETC_CACHE/<key of their stat>), so a
+    sandbox's /etc is one read-only bind instead of one per file: bwrap reads the mount table again after each
+    bind, ~3 ms of CPU per sandbox for these. A link at the top is followed, as a bind would; links inside the
+    folders stay links. Remade when one of them changes (their own stat: a file edited in place inside one of the
+    folders is not seen); None where it cannot be written (then one bind each)."""
+    try:
+        found = [(name, os.stat(Path("/etc", name))) for name in ETC_FILES if os.path.exists(Path("/etc", name))]
+        key = hashlib.sha256(repr([(n, s.st_ino, s.st_mtime_ns, s.st_size) for n, s in found]).encode())
+        return made_once(ETC_CACHE.expanduser() / key.hexdigest()[:16], lambda tmp: _copy_etc(tmp, found))
+    except OSError:
+        return None
+
+
+def _copy_etc(into: Path, found: Sequence[tuple[str, os.stat_result]]) -> None:
+    for name, st in found:
+        dst = into / name
+        dst.parent.mkdir(mode=0o755, exist_ok=True)
+        if S_ISDIR(st.st_mode):
+            shutil.copytree(Path("/etc", name), dst, symlinks=True)
+        else:
+            shutil.copy2(Path("/etc", name), dst)
 
 
 def tool_binds() -> tuple[list[str], str]:
@@ -358,11 +393,13 @@ class BwrapSandbox(_HostSandbox):
             return ["--unshare-user", "--disable-userns", "--cap-drop", "ALL"]
         return ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
 
-    def command(self, cwd: Path) -> list[str]:
+    def command(self, cwd: Path, own_net: bool = True) -> list[str]:
+        """bwrap's command line; `own_net` False: the sandbox stays in the network namespace bwrap starts in
+        (one of loopback only that the node made: polar/sandbox/netns.py)."""
         own = self.mounts.own()
         parents = _parents([Path(at) for _src, at in own])
-        cmd = [self.bwrap, *self.identity_args(), "--unshare-net", "--unshare-pid", "--unshare-ipc",
-               "--unshare-uts", "--unshare-cgroup-try", "--die-with-parent", "--new-session",
+        cmd = [self.bwrap, *self.identity_args(), *(["--unshare-net"] if own_net else []), "--unshare-pid",
+               "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--die-with-parent", "--new-session",
                *system_view(), "--dev", "/dev", "--proc", "/proc", *kernel_covers(), "--perms", "1777",
                "--tmpfs", "/tmp"]
         for d in parents:
@@ -384,16 +421,23 @@ class BwrapSandbox(_HostSandbox):
 
     def exec(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path, timeout_s: float,
              stdout: Path, stderr: Path, forwards: Sequence[tuple[int, Path]] = ()) -> ExecResult:
-        # the forwarder only when there is something to forward: its python start costs ~40 ms of CPU
-        inner = bridged(argv, forwards, self.python, BRIDGE_IN_SANDBOX) if forwards else list(argv)
+        # Forwards: as root, the node listens in a namespace it made (netns.py); otherwise the in-sandbox
+        # forwarder, whose python start costs ~20 ms of CPU, listens in bwrap's own.
+        enter = netns.nsenter() if forwards else None
+        net = netns.own_net(forwards) if enter else None
+        inner = bridged(argv, forwards, self.python, BRIDGE_IN_SANDBOX) if forwards and not net else list(argv)
         fd = seccomp.program_fd()  # polar/sandbox/seccomp.py: loaded by bwrap just before the command runs
         try:
-            cmd = self.command(cwd)
+            cmd = self.command(cwd, own_net=net is None)
             cmd[1:1] = ["--seccomp", str(fd)]
+            if net:
+                cmd[:0] = [enter, f"--net={net.path}", "--"]
             return run_as(self.who, self.mounts, cmd + inner, env, cwd, timeout_s, stdout, stderr, self.limits,
                           pass_fds=(fd,))
         finally:
             os.close(fd)
+            if net:
+                net.close()
 
 
 class BwrapRuntime:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.server
 import os
+import subprocess
 import threading
 
 import pytest
@@ -89,6 +90,21 @@ def test_bwrap_root_is_read_only(mounts, tmp_path_factory):
     finally:
         outside.unlink()
     assert result.exit_code == 0 and out.split() == ["read-only", "hidden"]
+
+
+def test_bwrap_etc_reads_as_the_hosts_and_is_read_only(mounts):
+    """/etc is the host's files copied once (runtime.etc_copy), bound read-only: what a harness reads there is the
+    host's own, and it cannot change them."""
+    script = ("cat /etc/passwd /etc/hosts /etc/ld.so.cache | md5sum; ls -A /etc/ssl/certs | md5sum; "
+              "readlink /etc/ssl/certs/$(ls /etc/ssl/certs | grep '[.]0$' | head -1); "
+              "echo x >> /etc/hosts 2>/dev/null || echo read-only")
+    result, out, err = run("bwrap", mounts, script)
+    assert result.exit_code == 0, err
+    files, certs, link, written = out.splitlines()
+    host = subprocess.run(["sh", "-c", script.replace("echo x >> /etc/hosts", "false")], capture_output=True,
+                          text=True).stdout.splitlines()
+    assert [files, certs, link] == host[:3] and link  # the certificates' links stay links
+    assert written == "read-only"
 
 
 def test_unknown_runtime():
