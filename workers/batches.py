@@ -12,6 +12,7 @@ task id is no longer the sample's (a stale attempt: its node was lost and the sa
 """
 from __future__ import annotations
 
+import functools
 import json
 import time
 from typing import Any
@@ -40,6 +41,13 @@ def connect(url: str, retry_s: float = 60.0) -> redis.Redis:
             db = dict(p.split("=", 1) for p in query.split("&") if "=" in p).get("virtual_host", "0")
             return redis.Redis(unix_socket_path=path, db=int(db), **retry)
     return redis.Redis.from_url(url, **retry)
+
+
+@functools.lru_cache(maxsize=4)
+def shared(url: str) -> redis.Redis:
+    """This process's client for a broker, for its tasks: one connection pool kept across tasks (a new client per
+    stage cost a connection and its handshake each time). redis-py's pool starts afresh in a forked child."""
+    return connect(url)
 
 
 def unreachable(url: str, wait_s: float) -> str | None:

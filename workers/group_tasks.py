@@ -13,4 +13,4 @@ messages = steps.Messages(app)
 @app.task(acks_late=True, reject_on_worker_lost=True, autoretry_for=(redis.ConnectionError, redis.TimeoutError),
           retry_backoff=2, max_retries=2)
 def finish_group(manifest_path: str, group_id: str) -> None:
-    steps.finish_group(manifest_path, group_id, batches.connect(settings.broker), messages.revoke, settings.node)
+    steps.finish_group(manifest_path, group_id, batches.shared(settings.broker), messages.revoke, settings.node)

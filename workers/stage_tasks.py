@@ -39,7 +39,7 @@ messages = steps.Messages(app)
 
 def _step(task, manifest_path: str, sample_id: str) -> steps.Step:
     ctx = NodeContext(settings, node.for_sample(sample_id))
-    return steps.Step(manifest_path, sample_id, ctx, batches.connect(settings.broker), task.request.id,
+    return steps.Step(manifest_path, sample_id, ctx, batches.shared(settings.broker), task.request.id,
                       messages.enqueue)
 
 
