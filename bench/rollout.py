@@ -168,9 +168,12 @@ def print_zero_work(z: dict) -> None:
     for k, v in z["stages"].items():
         print(f"  {k:>9} {v['cpu_s']:>7.3f} {v['wall_s']:>7.3f}")
     staged = sum(v["cpu_s"] for v in z["stages"].values())
-    print(f"  {'in stages':>9} {staged:>7.3f}; the rest ({z['cpu_s_per_sample'] - staged:.3f}) is Celery, Redis, the "
-          f"proxies and the engine between stages")
-    print("  by process kind, CPU s per sample: " + ", ".join(f"{k} {v:.3f}" for k, v in z["kinds"].items()))
+    print(f"  {'in stages':>9} {staged:>7.3f}; the rest ({z['cpu_s_per_sample'] - staged:.3f}) is the sandboxes' "
+          f"processes, Celery, Redis, the proxies and the engine between stages")
+    other = z["cpu_s_per_sample"] - sum(z["kinds"].values())
+    print("  by process kind, CPU s per sample: " + ", ".join(f"{k} {v:.3f}" for k, v in z["kinds"].items())
+          + f", other {other:.3f} (the sandboxes' processes, which init reaps: bwrap, the harness, the evaluator; "
+          "the kernel's threads)")
 
 
 def main() -> None:
