@@ -223,13 +223,27 @@ def parse_args(argv: list[str]) -> tuple[str, list[tuple[int, str]], list[str]]:
     return host, forwards, command
 
 
+def _not_inherited() -> None:
+    """What we were handed beyond stdio is not the command's (as Popen's close_fds was)."""
+    try:
+        fds = [int(n) for n in os.listdir("/proc/self/fd")]
+    except OSError:
+        return
+    for fd in fds:
+        if fd > 2:
+            try:
+                os.set_inheritable(fd, False)
+            except OSError:
+                pass  # the listing's own descriptor, closed by now
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         host, forwards, command = parse_args(sys.argv[1:] if argv is None else argv)
     except ValueError as e:
         print(f"{USAGE}\npolar bridge: {e}", file=sys.stderr)
         return 2
-    os.closerange(3, 1 << 20)  # what we were handed beyond stdio is not the command's (as Popen's close_fds)
+    _not_inherited()
     for port, path in forwards:
         tcp_to_unix(host, port, path)
     try:

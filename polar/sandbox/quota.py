@@ -183,13 +183,20 @@ def _run(argv: list[str]) -> None:
 
 def _format(image: Path, size_mb: int) -> None:
     """`image`: a sparse file of `size_mb` holding an empty ext4 (no journal, nothing reserved for root)."""
+    blocks = _FORMATTED.get(size_mb)
     with open(image, "wb") as f:
         f.truncate(size_mb << 20)
-        for offset, data in _FORMATTED.get(size_mb, ()):
-            os.pwrite(f.fileno(), data, offset)
-    if size_mb in _FORMATTED:
-        return
-    _run(["mkfs.ext4", "-q", "-F", "-m", "0", "-O", "^has_journal", str(image)])
+        for offset, data in blocks or ():
+            view = memoryview(data)
+            while view:
+                written = os.pwrite(f.fileno(), view, offset)
+                view, offset = view[written:], offset + written
+    if blocks is None:
+        _run(["mkfs.ext4", "-q", "-F", "-m", "0", "-O", "^has_journal", str(image)])
+        _keep_format(size_mb, image)
+
+
+def _keep_format(size_mb: int, image: Path) -> None:
     blocks = _written_blocks(image)
     if blocks is not None:
         _FORMATTED[size_mb] = blocks
@@ -222,14 +229,17 @@ def _written_blocks(image: Path) -> tuple[tuple[int, bytes], ...] | None:
 
 def _loop_mount(image: Path, target: Path) -> None:
     """`mount -o loop,nosuid,nodev image target`, as system calls."""
-    device = _attach_loop(image)
     try:
-        _mount(f"/dev/loop{device[1]}", target, "ext4", MS_NOSUID | MS_NODEV)
+        fd, number = _attach_loop(image)
+    except OSError as e:
+        raise QuotaError(f"loop device for {image}: {e.strerror or e}") from None
+    try:
+        _mount(f"/dev/loop{number}", target, "ext4", MS_NOSUID | MS_NODEV)
     except QuotaError:
-        fcntl.ioctl(device[0], LOOP_CLR_FD, 0)
+        fcntl.ioctl(fd, LOOP_CLR_FD, 0)
         raise
     finally:
-        os.close(device[0])  # the mount holds the device now; autoclear frees it at the unmount
+        os.close(fd)  # the mount holds the device now; autoclear frees it at the unmount
 
 
 # <linux/loop.h>, <linux/mount.h>
@@ -247,8 +257,8 @@ def _loop_info(image: Path) -> bytes:
 
 
 def _attach_loop(image: Path) -> tuple[int, int]:
-    """A free loop device backed by `image`: (its open fd, its number). Another process may take the free device
-    between asking and binding: then ask again."""
+    """A free loop device backed by `image`: (its open fd, its number); OSError otherwise. Another process may
+    take the free device between asking and binding: then ask again."""
     backing = os.open(image, os.O_RDWR | os.O_CLOEXEC)
     try:
         control = os.open("/dev/loop-control", os.O_RDWR | os.O_CLOEXEC)
@@ -262,13 +272,13 @@ def _attach_loop(image: Path) -> tuple[int, int]:
                     os.close(fd)
                     if e.errno == errno.EBUSY:
                         continue
-                    raise QuotaError(f"loop device for {image}: {e.strerror}") from None
+                    raise
                 return fd, number
         finally:
             os.close(control)
     finally:
         os.close(backing)
-    raise QuotaError(f"loop device for {image}: every free one was taken by another process 64 times")
+    raise OSError(errno.EBUSY, "every free one was taken by another process, 64 times")
 
 
 def _bind_loop(fd: int, backing: int, image: Path) -> None:

@@ -424,10 +424,10 @@ class BwrapSandbox(_HostSandbox):
         # Forwards: as root, the node listens in a namespace it made (netns.py); otherwise the in-sandbox
         # forwarder, whose python start costs ~20 ms of CPU, listens in bwrap's own.
         enter = netns.nsenter() if forwards else None
-        net = netns.own_net(forwards) if enter else None
-        inner = bridged(argv, forwards, self.python, BRIDGE_IN_SANDBOX) if forwards and not net else list(argv)
         fd = seccomp.program_fd()  # polar/sandbox/seccomp.py: loaded by bwrap just before the command runs
+        net = netns.own_net(forwards) if enter else None  # None where refused: then the forwarder
         try:
+            inner = bridged(argv, forwards, self.python, BRIDGE_IN_SANDBOX) if forwards and not net else list(argv)
             cmd = self.command(cwd, own_net=net is None)
             cmd[1:1] = ["--seccomp", str(fd)]
             if net:

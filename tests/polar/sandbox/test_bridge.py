@@ -3,7 +3,9 @@ concurrent connections beyond which a client is refused; a connection within the
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -11,6 +13,7 @@ from typing import Iterator
 
 import pytest
 
+from polar.sandbox import bridge
 from polar.sandbox.bridge import MAX_CONNECTIONS, UnixToTcp, tcp_to_unix
 
 
@@ -123,4 +126,28 @@ def test_tcp_to_unix_reaches_a_socket_through_both_sides(tmp_path, echo_port):
         assert results == [b"hello %d" % i for i in range(20)]
     finally:
         inside.close()
+        host.close()
+
+
+def test_the_script_runs_its_command_with_the_status_signals_and_descriptors_popen_gave(tmp_path, echo_port):
+    """bridge.py as the sandbox runs it (`python3 -I -S`, spawning the command itself): the command reaches the
+    forward, its exit status comes back, a SIGTERM to the forwarder reaches it, and a descriptor the forwarder
+    was handed is not the command's."""
+    host = UnixToTcp(tmp_path / "svc.sock", "127.0.0.1", echo_port)
+    port = socket.create_server(("127.0.0.1", 0)).getsockname()[1]  # a free port for the inside listener
+    handed = os.open(tmp_path, os.O_RDONLY)  # inheritable: passed to the forwarder below
+    script = (f"python3 -c \"import socket; s = socket.create_connection(('127.0.0.1', {port})); s.sendall(b'x');"
+              f" print(s.recv(4).decode())\"; [ -e /proc/self/fd/{handed} ] && echo leaked; exit 7")
+    forwarder = ["/usr/bin/python3", "-I", "-S", bridge.__file__, "--forward", f"{port}={tmp_path / 'svc.sock'}"]
+    try:
+        done = subprocess.run([*forwarder, "--", "sh", "-c", script], capture_output=True, text=True, timeout=30,
+                              pass_fds=(handed,))
+        assert (done.returncode, done.stdout) == (7, "x\n"), done.stderr
+        proc = subprocess.Popen([*forwarder, "--", "sh", "-c", "trap 'exit 42' TERM; echo up; sleep 30 & wait"],
+                                stdout=subprocess.PIPE, text=True)
+        assert proc.stdout.readline() == "up\n"
+        proc.terminate()
+        assert proc.wait(10) == 42
+    finally:
+        os.close(handed)
         host.close()
