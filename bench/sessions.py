@@ -176,11 +176,15 @@ def main() -> int:
     p.add_argument("--max-rounds", type=int, default=1000)
     p.add_argument("--memory-budget", type=memory_size, default=0,
                    help="polar_memory_budget: bytes, or 512M, 1.5G (default: none)")
+    p.add_argument("--json", type=Path, help="write the raw results here (bench/results.py), not bench/sessions.*")
     args = p.parse_args()
     in_namespace()
     res = run(args)
-    (ROOT / "bench" / "sessions.json").write_text(json.dumps(res, indent=1))
-    (ROOT / "bench" / "sessions.md").write_text("\n".join(table(res)) + "\n")
+    if args.json:
+        args.json.write_text(json.dumps(res, indent=1))
+    else:
+        (ROOT / "bench" / "sessions.json").write_text(json.dumps(res, indent=1))
+        (ROOT / "bench" / "sessions.md").write_text("\n".join(table(res)) + "\n")
     print("\n".join(table(res)))
     return 0
 

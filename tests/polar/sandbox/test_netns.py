@@ -6,12 +6,12 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-import threading
 
 import pytest
 
 from polar.sandbox import netns
 from polar.sandbox.bridge import UnixToTcp
+from tests.polar.sandbox.test_apptainer import host_listener  # noqa: F401 (a fixture)
 from tests.polar.sandbox.test_runtime import host_service, mounts, run  # noqa: F401 (fixtures)
 
 
@@ -21,36 +21,18 @@ def as_root():
         pytest.fail("make test runs as root with util-linux's nsenter: the node's own namespace is what runs here")
 
 
-def echo_server(path) -> socket.socket:
-    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    server.bind(str(path))
-    server.listen()
-
-    def serve() -> None:
-        while True:
-            try:
-                conn, _ = server.accept()
-            except OSError:
-                return
-            with conn:
-                conn.sendall(b"echo:" + conn.recv(100))
-    threading.Thread(target=serve, daemon=True).start()
-    return server
-
-
-def test_the_namespace_has_loopback_only_and_its_listeners_reach_the_socket_files(tmp_path):
-    server = echo_server(tmp_path / "a.sock")
+def test_loopback_only_and_the_listeners_reach_the_socket_files(tmp_path, host_listener):  # noqa: F811
+    bridge = UnixToTcp(tmp_path / "a.sock", "127.0.0.1", host_listener)
     net = netns.loopback_net([(45781, tmp_path / "a.sock")])
     try:
         script = ("cat /proc/net/dev | sed -n '3,$p' | cut -d: -f1 | tr -d ' '; "
-                  "python3 -c \"import socket; s = socket.create_connection(('127.0.0.1', 45781)); s.sendall(b'hi');"
-                  " print(s.recv(100).decode())\"")
+                  "python3 -c \"import socket; print(socket.create_connection(('127.0.0.1', 45781)).recv(5).decode())\"")
         out = subprocess.run(["nsenter", f"--net={net.path}", "--", "sh", "-c", script], capture_output=True,
                              text=True, timeout=30)
-        assert out.stdout.split() == ["lo", "echo:hi"], out.stderr
+        assert out.stdout.split() == ["lo", "hello"], out.stderr
     finally:
         net.close()
-        server.close()
+        bridge.close()
     with pytest.raises(OSError):
         os.fstat(net.fd)  # the namespace's descriptor is closed
     assert all(f.listener.fileno() == -1 and not f.thread.is_alive() for f in net.forwarders)
