@@ -15,9 +15,10 @@ processes (polar/sandbox/limits.py; wall time is exec's timeout) and reaps whate
          and write; it says so in one warning line
 
 No isolated sandbox process is the host's uid 0; setuid/setgid bits are cleared from the writable folders after
-each exec (identity.py). Either way the proxy is reached through unix sockets visible in the sandbox and the in-sandbox TCP forwarder of
-polar/sandbox/bridge.py, which listens on the same port numbers as the proxy on the host; bwrap started by root
-runs in a namespace of loopback only that the node made, the node itself listening there (netns.py).
+each exec (identity.py). Either way the proxy is reached through unix sockets visible in the sandbox and the
+in-sandbox TCP forwarder of polar/sandbox/bridge.py, which listens on the same port numbers as the proxy on the
+host; bwrap started by root runs in a namespace of loopback only that the node made, the node itself listening
+there (netns.py).
 """
 from __future__ import annotations
 

@@ -25,8 +25,8 @@ def test_loopback_only_and_the_listeners_reach_the_socket_files(tmp_path, host_l
     bridge = UnixToTcp(tmp_path / "a.sock", "127.0.0.1", host_listener)
     net = netns.loopback_net([(45781, tmp_path / "a.sock")])
     try:
-        script = ("cat /proc/net/dev | sed -n '3,$p' | cut -d: -f1 | tr -d ' '; "
-                  "python3 -c \"import socket; print(socket.create_connection(('127.0.0.1', 45781)).recv(5).decode())\"")
+        script = ("cat /proc/net/dev | sed -n '3,$p' | cut -d: -f1 | tr -d ' '; python3 -c \"import socket as s; "
+                  "print(s.create_connection(('127.0.0.1', 45781)).recv(5).decode())\"")
         out = subprocess.run(["nsenter", f"--net={net.path}", "--", "sh", "-c", script], capture_output=True,
                              text=True, timeout=30)
         assert out.stdout.split() == ["lo", "hello"], out.stderr
