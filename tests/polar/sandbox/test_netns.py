@@ -11,6 +11,7 @@ import pytest
 
 from polar.sandbox import netns
 from polar.sandbox.bridge import UnixToTcp
+from polar_mitm.launch import free_port
 from tests.polar.sandbox.test_apptainer import host_listener  # noqa: F401 (a fixture)
 from tests.polar.sandbox.test_runtime import host_service, mounts, run  # noqa: F401 (fixtures)
 
@@ -23,21 +24,22 @@ def as_root():
 
 def test_loopback_only_and_the_listeners_reach_the_socket_files(tmp_path, host_listener):  # noqa: F811
     bridge = UnixToTcp(tmp_path / "a.sock", "127.0.0.1", host_listener)
-    net = netns.loopback_net([(45781, tmp_path / "a.sock")])
+    port = free_port()
+    net = netns.loopback_net([(port, tmp_path / "a.sock")])
     try:
         script = ("cat /proc/net/dev | sed -n '3,$p' | cut -d: -f1 | tr -d ' '; python3 -c \"import socket as s; "
-                  "print(s.create_connection(('127.0.0.1', 45781)).recv(5).decode())\"")
+                  "print(s.create_connection(('127.0.0.1', %d)).recv(5).decode())\"" % port)
         out = subprocess.run(["nsenter", f"--net={net.path}", "--", "sh", "-c", script], capture_output=True,
                              text=True, timeout=30)
         assert out.stdout.split() == ["lo", "hello"], out.stderr
+        with socket.socket() as s:  # the port it listens on inside is free on the host meanwhile
+            s.bind(("127.0.0.1", port))
     finally:
         net.close()
         bridge.close()
     with pytest.raises(OSError):
         os.fstat(net.fd)  # the namespace's descriptor is closed
     assert all(f.listener.fileno() == -1 and not f.thread.is_alive() for f in net.forwarders)
-    with socket.socket() as s:  # and the port was never the host's
-        s.bind(("127.0.0.1", 45781))
 
 
 def test_a_bwrap_sandbox_as_root_holds_no_forwarder_process(mounts, host_service):  # noqa: F811
