@@ -58,15 +58,16 @@ def policies_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def start_reference_server(tiny_model_dir: Path) -> Iterator[Callable[..., str]]:
-    """start_reference_server(policy=None, model_dir=tiny, *extra_args) -> base URL. One process per distinct
-    argument set for the whole session; all are stopped at the end."""
+    """start_reference_server(policy=None, model_dir=tiny, *extra_args, timeout=120) -> base URL. One process per
+    distinct argument set for the whole session; all are stopped at the end. `timeout`: for its ready line."""
     servers: dict[tuple, str] = {}
     with ExitStack() as stack:
-        def start(policy: str | Path | None = None, model_dir: str | Path | None = None, *extra_args: str) -> str:
+        def start(policy: str | Path | None = None, model_dir: str | Path | None = None, *extra_args: str,
+                  timeout: float = 120.0) -> str:
             key = (str(policy) if policy else None, str(model_dir or tiny_model_dir), extra_args)
             if key not in servers:
                 servers[key] = stack.enter_context(
-                    launch_reference_server(model_dir or tiny_model_dir, policy, tuple(extra_args)))
+                    launch_reference_server(model_dir or tiny_model_dir, policy, tuple(extra_args), timeout))
             return servers[key]
 
         yield start

@@ -30,6 +30,9 @@ MODELS = ROOT / ".tools" / "models"
 SMOLLM2 = MODELS / "smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 GEMMA3 = MODELS / "gemma3" / "gemma-3-270m-q4_k_m.gguf"
 GEMMA3_TOKENIZER = ROOT / ".tools" / "tokenizers" / "gemma3"
+# The server de-quantizes a GGUF file's weights at every start: 43 s for Gemma alone here, past 120 s under the
+# suite's load (a run's start failed so)
+GGUF_START_S = 600.0
 LOGPROB_BOUND = 1e-4  # measured: at most 2.3e-5 over 156 SmolLM2 tokens, 1.3e-5 over 96 Gemma 3 tokens
 
 
@@ -94,7 +97,7 @@ def test_real_smollm2_through_pi_with_free_sampling(tmp_path, start_reference_se
     tokenizer = AutoTokenizer.from_pretrained(SMOLLM2.parent, gguf_file=SMOLLM2.name)  # read straight from the file
     # pi asks for up to 4096 new tokens, which free sampling may spend (400 s on this CPU); a 1024-token context
     # bounds the reply to what is left after the ~660-token prompt (the proxy caps max_tokens by the context)
-    backend = start_reference_server(None, SMOLLM2, "--context-length", "1024")
+    backend = start_reference_server(None, SMOLLM2, "--context-length", "1024", timeout=GGUF_START_S)
     records, out, _ = pi_writes_a_haiku(tmp_path, backend, SMOLLM2)
     for r in records:
         assert len(r["prompt_ids"]) + len(r["output_ids"]) <= 1024
@@ -112,7 +115,7 @@ def test_real_gemma3_270m_through_pi_with_free_sampling(tmp_path, start_referenc
 
     tokenizer = AutoTokenizer.from_pretrained(GEMMA3_TOKENIZER)
     tokenizer.chat_template = OWN_TEMPLATES["Gemma 3"].read_text()  # what the proxy renders pi's tools with
-    backend = start_reference_server(None, GEMMA3)
+    backend = start_reference_server(None, GEMMA3, timeout=GGUF_START_S)
     # a base model rarely ends its turn: 48 new tokens a call (fixed sampling) bound each reply (~6 s on this CPU)
     records, out, diag = pi_writes_a_haiku(tmp_path, backend, GEMMA3_TOKENIZER, "--max-tokens", "48")
     for r in records:
