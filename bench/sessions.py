@@ -4,10 +4,11 @@ first call of bench/proxy_perf.py (a long system prompt, 24 tool schemas) with a
 adds the reply and a tool result of about TURN tokens, until its prompt passes MAX tokens. Round r sends every live
 session's r-th call, CONCURRENCY at a time. Per round: the proxy's RSS, its CPU per call, calls/s, p50/p99 latency;
 then capture bytes / floor over a sample of sessions, and bare mitmdump's RSS after the same first round (the same
-connections and bodies, forwarded untouched) as the baseline. Writes bench/sessions.md and bench/sessions.json.
+connections and bodies, forwarded untouched) as the baseline. Prints its table; `--json OUT` writes the raw
+results too (bench/results.py runs it so). bench/sessions.md keeps the before/after tables of single changes by hand.
 
     .venv/bin/python bench/sessions.py [--sessions 1024] [--turn-tokens 1500] [--max-tokens 100000]
-                                       [--concurrency 32] [--memory-budget 1.5G]
+                                       [--concurrency 32] [--memory-budget 1.5G] [--json OUT]
 """
 from __future__ import annotations
 
@@ -94,7 +95,7 @@ def run(args: argparse.Namespace) -> dict:
 
     per_line = len(Tokenizer.from_file(str(MODEL / "tokenizer.json")).encode(LINE.format(i=7, n=77)).ids)
     preamble = realistic_body("placeholder")
-    res: dict = {"machine": machine(), "config": {k: v for k, v in vars(args).items()}, "rounds": []}
+    res: dict = {"machine": machine(), "config": {k: v for k, v in vars(args).items() if k != "json"}, "rounds": []}
     with tempfile.TemporaryDirectory(prefix="polar-sessions-") as tmp_s:
         tmp = Path(tmp_s)
         stub_port = free_port()
@@ -176,15 +177,12 @@ def main() -> int:
     p.add_argument("--max-rounds", type=int, default=1000)
     p.add_argument("--memory-budget", type=memory_size, default=0,
                    help="polar_memory_budget: bytes, or 512M, 1.5G (default: none)")
-    p.add_argument("--json", type=Path, help="write the raw results here (bench/results.py), not bench/sessions.*")
+    p.add_argument("--json", type=Path, help="also write the raw results here")
     args = p.parse_args()
     in_namespace()
     res = run(args)
     if args.json:
         args.json.write_text(json.dumps(res, indent=1))
-    else:
-        (ROOT / "bench" / "sessions.json").write_text(json.dumps(res, indent=1))
-        (ROOT / "bench" / "sessions.md").write_text("\n".join(table(res)) + "\n")
     print("\n".join(table(res)))
     return 0
 
