@@ -15,6 +15,10 @@ installed: `make bench` does; loopback namespace, the zero-compute stub engine o
   pi session      a real pi session through `polar run` (~20 calls), its capture bytes ÷ the floor
   trajectory build  from bench/traj.py of the same `make bench` run (bench/results.py adds the row)
 
+Bare mitmdump and Polar run side by side for the tiny and realistic bodies and take turns, 5 rounds each: CPU per
+call is the median round, and the tiny body's ratio the median of the rounds' ratios, so it does not depend on
+how fast the machine was in one minute or the next.
+
     .venv/bin/python bench/proxy_perf.py [--quick] [--json OUT.json]
 """
 from __future__ import annotations
@@ -147,6 +151,38 @@ def scaling(tmp: Path, engine: str, sizes: dict) -> dict[str, float]:
     return out
 
 
+ROUNDS = 5  # bare and Polar alternate this many times: this machine's speed drifts between runs minutes apart
+
+
+def paired(paths: dict[str, tuple[str, int]], sizes: dict) -> dict[str, dict]:
+    """peers.measure's row for each path (name -> (url, pid)), the paths measured in turn ROUNDS times (c1, then
+    c8, each a ROUNDS-th of the calls or seconds): CPU per call is the median of the rounds, so a ratio compares
+    paths measured minutes, not a whole bench, apart."""
+    for url, _pid in paths.values():
+        asyncio.run(closed_loop(url, 8, sizes["warm"], None))
+    samples: dict[str, dict[str, list]] = {name: {"c1": [], "c8": []} for name in paths}
+    for _ in range(ROUNDS):
+        for conc, calls, seconds in ((1, sizes["c1"] // ROUNDS, None), (8, None, sizes["c8_s"] / ROUNDS)):
+            for name, (url, pid) in paths.items():
+                cpu0, t0 = proc_tree_cpu_ms(pid), time.perf_counter()
+                lat = asyncio.run(closed_loop(url, conc, calls, seconds))
+                samples[name][f"c{conc}"].append(((proc_tree_cpu_ms(pid) - cpu0) / len(lat),
+                                                  time.perf_counter() - t0, lat))
+    rows = {}
+    for name, by_conc in samples.items():
+        row: dict = {"path": name}
+        for c, rounds in by_conc.items():
+            lat = sorted(x for _cpu, _s, lats in rounds for x in lats)
+            row[c] = {"calls": len(lat), "calls_per_s": len(lat) / sum(s for _cpu, s, _l in rounds),
+                      "cpu_ms_per_call": statistics.median(cpu for cpu, _s, _l in rounds),
+                      "cpu_ms_per_round": [cpu for cpu, _s, _l in rounds],
+                      "p50_ms": statistics.median(lat), "p99_ms": lat[int(0.99 * (len(lat) - 1))]}
+        print(f"  {name:<8} c1 CPU {row['c1']['cpu_ms_per_call']:5.2f} ms/call | c8 {row['c8']['calls_per_s']:5.0f} "
+              f"calls/s, CPU {row['c8']['cpu_ms_per_call']:5.2f} ms/call (medians of {ROUNDS} rounds)", flush=True)
+        rows[name] = row
+    return rows
+
+
 def run(sizes: dict) -> dict:
     res: dict = {"machine": machine(), "token_delay_ms": TOKEN_DELAY_MS, "rows": [], "ttft_ms": {}, "sizes": sizes}
     turns, n_first = sizes["turns"], sizes["first"]
@@ -159,27 +195,27 @@ def run(sizes: dict) -> dict:
         stream_body = chat_body(True, STREAM_TOKENS)
         res["ttft_ms"]["direct"] = asyncio.run(first_token_ms(engine + CHAT, stream_body, sizes["ttft"]))
 
-        bare_port = free_port()
-        bare_cmd = [str(Path(sys.executable).parent / "mitmdump"), "-q", "--mode",
-                    f"reverse:{engine}@127.0.0.1:{bare_port}", "--set", f"confdir={tmp / 'bare-mitm'}"]
-        with service(bare_cmd, bare_port, tmp / "bare.log") as pid:
-            url = f"http://127.0.0.1:{bare_port}{CHAT}"
-            res["rows"].append(measure("bare", url, pid, sizes))
-            res["bare_first_cpu_ms"] = cpu_ms(pid, url, first_calls(n_first))
-            res["bare_turn_cpu_ms"] = window(pid, url, grow, turns - 5, turns)
-        with service([*bare_cmd, "--set", "stream_large_bodies=1"], bare_port, tmp / "bare-stream.log"):
-            # mitmdump buffers a body whole unless told to stream it: what a streaming call costs through it
-            res["ttft_ms"]["bare"] = asyncio.run(first_token_ms(f"http://127.0.0.1:{bare_port}{CHAT}", stream_body,
-                                                                sizes["ttft"]))
+        def bare_cmd(port: int, *extra: str) -> list[str]:
+            return [str(Path(sys.executable).parent / "mitmdump"), "-q", "--mode",
+                    f"reverse:{engine}@127.0.0.1:{port}", "--set", f"confdir={tmp / 'bare-mitm'}", *extra]
 
+        bare_port = free_port()
         # the tiny model says 4096 tokens of context; a 30k-token prompt needs a larger one
-        with proxy_process(tmp / "polar", engine, MODEL, "--set", "polar_context_length=262144") as proxy:
-            url = proxy.base_url + CHAT
-            res["rows"].append(measure("polar", url, proxy.pid, sizes))
-            res["ttft_ms"]["polar"] = asyncio.run(first_token_ms(url, stream_body, sizes["ttft"]))
+        with service(bare_cmd(bare_port), bare_port, tmp / "bare.log") as bare_pid, \
+                proxy_process(tmp / "polar", engine, MODEL, "--set", "polar_context_length=262144") as proxy:
+            bare_url, url = f"http://127.0.0.1:{bare_port}{CHAT}", proxy.base_url + CHAT
+            rows = paired({"bare": (bare_url, bare_pid), "polar": (url, proxy.pid)}, sizes)
+            res["rows"] += [rows["bare"], rows["polar"]]
             calls = first_calls(n_first + 1)
             asyncio.run(send_all(url, calls[:1]))  # the first session ever: its prefix enters the cache
-            res["polar_first_cpu_ms"] = cpu_ms(proxy.pid, url, calls[1:])
+            bare_first, polar_first = [], []
+            for chunk in (calls[1 + k::ROUNDS] for k in range(min(ROUNDS, n_first))):  # the same bodies, in turn
+                bare_first.append(cpu_ms(bare_pid, bare_url, chunk))
+                polar_first.append(cpu_ms(proxy.pid, url, chunk))
+            res["bare_first_cpu_ms"], res["polar_first_cpu_ms"] = (statistics.median(bare_first),
+                                                                    statistics.median(polar_first))
+            res["bare_turn_cpu_ms"] = window(bare_pid, bare_url, grow, turns - 5, turns)
+            res["ttft_ms"]["polar"] = asyncio.run(first_token_ms(url, stream_body, sizes["ttft"]))
             local = proxy.capture_dir / "local"
             res["polar_first_capture_bytes"] = statistics.median(
                 (local / f"{hashed_id(key)}.jsonl").stat().st_size for key, _ in calls[1:])
@@ -194,6 +230,11 @@ def run(sizes: dict) -> dict:
             res["grow"] = {"calls": len(records), "bytes": grown.stat().st_size, "floor": floor,
                            "substituted": sum(r.prefix_source == "substituted" for r in records),
                            "final_prompt_tokens": len(records[-1].prompt_ids)}
+        stream_port = free_port()
+        with service(bare_cmd(stream_port, "--set", "stream_large_bodies=1"), stream_port, tmp / "bare-stream.log"):
+            # mitmdump buffers a body whole unless told to stream it: what a streaming call costs through it
+            res["ttft_ms"]["bare"] = asyncio.run(first_token_ms(f"http://127.0.0.1:{stream_port}{CHAT}",
+                                                                stream_body, sizes["ttft"]))
         if LITELLM.exists():  # the same tiny-body, streaming and realistic-body figures for LiteLLM
             with litellm_service(tmp, engine) as (pid, base, key):
                 url = base + CHAT
@@ -217,6 +258,11 @@ def table(res: dict, traj: list[dict] | None = None) -> list[str]:
     def cpu(row: dict, c: str) -> float:
         return row[c]["cpu_ms_per_call"]
 
+    def x_bare(c: str) -> float:
+        """Polar ÷ bare: the median of the rounds' ratios (each round's two paths measured seconds apart)."""
+        pairs = list(zip(polar[c].get("cpu_ms_per_round", []), bare[c].get("cpu_ms_per_round", [])))
+        return statistics.median(p / b for p, b in pairs) if pairs else cpu(polar, c) / cpu(bare, c)
+
     lite_cpu = f", LiteLLM {cpu(lite, 'c1'):.2f} / {cpu(lite, 'c8'):.2f} ms" if lite else ""
     lite_first = f", LiteLLM {res['litellm_first_cpu_ms']:.1f} ms" if lite else ""
     lite_rate = f", LiteLLM {lite['c8']['calls_per_s']:.0f}" if lite else ""
@@ -229,7 +275,7 @@ def table(res: dict, traj: list[dict] | None = None) -> list[str]:
                    f"session {res['polar_first_session_bytes'] / 1e3:.0f} KB" if len(shared) == 1 else
                    f"; {len(shared)} shared files" if shared else "")
     r = [("proxy CPU per non-streamed call ÷ bare mitmdump, tiny body, c1 / c8",
-          f"{cpu(polar, 'c1') / cpu(bare, 'c1'):.2f}× / {cpu(polar, 'c8') / cpu(bare, 'c8'):.2f}× "
+          f"{x_bare('c1'):.2f}× / {x_bare('c8'):.2f}× "
           f"(Polar {cpu(polar, 'c1'):.2f} / {cpu(polar, 'c8'):.2f} ms, bare {cpu(bare, 'c1'):.2f} / "
           f"{cpu(bare, 'c8'):.2f} ms{lite_cpu})", "≤ 1.3×"),
          ("first call of a session, realistic body (75 KB, synthetic): proxy CPU per call",
