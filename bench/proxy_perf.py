@@ -157,7 +157,7 @@ ROUNDS = 5  # bare and Polar alternate this many times: this machine's speed dri
 def paired(paths: dict[str, tuple[str, int]], sizes: dict) -> dict[str, dict]:
     """peers.measure's row for each path (name -> (url, pid)), the paths measured in turn ROUNDS times (c1, then
     c8, each a ROUNDS-th of the calls or seconds): CPU per call is the median of the rounds, so a ratio compares
-    paths measured minutes, not a whole bench, apart."""
+    paths measured seconds, not minutes, apart."""
     for url, _pid in paths.values():
         asyncio.run(closed_loop(url, 8, sizes["warm"], None))
     samples: dict[str, dict[str, list]] = {name: {"c1": [], "c8": []} for name in paths}
