@@ -133,17 +133,38 @@ def _has_token(line: bytes) -> bool:
 def measure(name: str, url: str, pid: int, sizes: dict, key: str | None = None) -> dict:
     """One path at concurrency 1 and 8. `key`: the API key every call sends (default: one per client,
     which Polar's open mode takes as the session)."""
-    asyncio.run(closed_loop(url, 8, sizes["warm"], None, key))
-    row: dict = {"path": name}
-    for conc, calls, seconds in ((1, sizes["c1"], None), (8, None, sizes["c8_s"])):
-        cpu0, t0 = proc_tree_cpu_ms(pid), time.perf_counter()
-        lat = asyncio.run(closed_loop(url, conc, calls, seconds, key))
-        elapsed, cpu = time.perf_counter() - t0, proc_tree_cpu_ms(pid) - cpu0
-        row[f"c{conc}"] = {"calls": len(lat), "calls_per_s": len(lat) / elapsed, "cpu_ms_per_call": cpu / len(lat),
-                           "p50_ms": statistics.median(lat), "p99_ms": sorted(lat)[int(0.99 * (len(lat) - 1))]}
-    print(f"  {name:<8} c1 p50 {row['c1']['p50_ms']:6.2f} ms, CPU {row['c1']['cpu_ms_per_call']:5.2f} ms/call | "
-          f"c8 {row['c8']['calls_per_s']:5.0f} calls/s, CPU {row['c8']['cpu_ms_per_call']:5.2f} ms/call", flush=True)
-    return row
+    return measure_in_turns({name: (url, pid)}, sizes, 1, key)[name]
+
+
+def measure_in_turns(paths: dict[str, tuple[str, int]], sizes: dict, rounds: int,
+                     key: str | None = None) -> dict[str, dict]:
+    """measure's row for each path (name -> (url, pid)), the paths taking turns `rounds` times (c1, then c8, each
+    round a `rounds`-th of the calls or seconds): CPU per call is the median round, and `cpu_ms_per_round` keeps
+    each, so two paths can be compared round by round, measured seconds rather than minutes apart."""
+    for url, _pid in paths.values():
+        asyncio.run(closed_loop(url, 8, sizes["warm"], None, key))
+    samples: dict[str, dict[str, list]] = {name: {"c1": [], "c8": []} for name in paths}
+    for _ in range(rounds):
+        for conc, calls, seconds in ((1, sizes["c1"] // rounds, None), (8, None, sizes["c8_s"] / rounds)):
+            for name, (url, pid) in paths.items():
+                cpu0, t0 = proc_tree_cpu_ms(pid), time.perf_counter()
+                lat = asyncio.run(closed_loop(url, conc, calls, seconds, key))
+                samples[name][f"c{conc}"].append(((proc_tree_cpu_ms(pid) - cpu0) / len(lat),
+                                                  time.perf_counter() - t0, lat))
+    rows = {}
+    for name, by_conc in samples.items():
+        row: dict = {"path": name}
+        for c, taken in by_conc.items():
+            lat = sorted(x for _cpu, _s, lats in taken for x in lats)
+            cpu = [cpu for cpu, _s, _l in taken]
+            row[c] = {"calls": len(lat), "calls_per_s": len(lat) / sum(s for _cpu, s, _l in taken),
+                      "cpu_ms_per_call": statistics.median(cpu), "cpu_ms_per_round": cpu,
+                      "p50_ms": statistics.median(lat), "p99_ms": lat[int(0.99 * (len(lat) - 1))]}
+        c1, c8 = row["c1"], row["c8"]
+        print(f"  {name:<8} c1 p50 {c1['p50_ms']:6.2f} ms, CPU {c1['cpu_ms_per_call']:5.2f} ms/call | "
+              f"c8 {c8['calls_per_s']:5.0f} calls/s, CPU {c8['cpu_ms_per_call']:5.2f} ms/call", flush=True)
+        rows[name] = row
+    return rows
 
 
 @contextmanager

@@ -43,7 +43,7 @@ import aiohttp  # noqa: E402
 from bench.captures import floor_bytes  # noqa: E402
 from bench.peers import (LITELLM, MODEL, REPLY, STREAM_TOKENS, TOKEN_DELAY_MS, litellm_version,  # noqa: E402
                          chat_body, closed_loop, first_token_ms, in_namespace, litellm_service, machine, measure,
-                         proc_tree_cpu_ms, service, stub_command)
+                         measure_in_turns, proc_tree_cpu_ms, service, stub_command)
 from polar_mitm.launch import free_port, proxy_process  # noqa: E402
 from polar_mitm.sessions.registry import hashed_id  # noqa: E402
 from polar_traj.capture_reader import read_capture  # noqa: E402
@@ -154,35 +154,6 @@ def scaling(tmp: Path, engine: str, sizes: dict) -> dict[str, float]:
 ROUNDS = 5  # bare and Polar alternate this many times: this machine's speed drifts between runs minutes apart
 
 
-def paired(paths: dict[str, tuple[str, int]], sizes: dict) -> dict[str, dict]:
-    """peers.measure's row for each path (name -> (url, pid)), the paths measured in turn ROUNDS times (c1, then
-    c8, each a ROUNDS-th of the calls or seconds): CPU per call is the median of the rounds, so a ratio compares
-    paths measured seconds, not minutes, apart."""
-    for url, _pid in paths.values():
-        asyncio.run(closed_loop(url, 8, sizes["warm"], None))
-    samples: dict[str, dict[str, list]] = {name: {"c1": [], "c8": []} for name in paths}
-    for _ in range(ROUNDS):
-        for conc, calls, seconds in ((1, sizes["c1"] // ROUNDS, None), (8, None, sizes["c8_s"] / ROUNDS)):
-            for name, (url, pid) in paths.items():
-                cpu0, t0 = proc_tree_cpu_ms(pid), time.perf_counter()
-                lat = asyncio.run(closed_loop(url, conc, calls, seconds))
-                samples[name][f"c{conc}"].append(((proc_tree_cpu_ms(pid) - cpu0) / len(lat),
-                                                  time.perf_counter() - t0, lat))
-    rows = {}
-    for name, by_conc in samples.items():
-        row: dict = {"path": name}
-        for c, rounds in by_conc.items():
-            lat = sorted(x for _cpu, _s, lats in rounds for x in lats)
-            row[c] = {"calls": len(lat), "calls_per_s": len(lat) / sum(s for _cpu, s, _l in rounds),
-                      "cpu_ms_per_call": statistics.median(cpu for cpu, _s, _l in rounds),
-                      "cpu_ms_per_round": [cpu for cpu, _s, _l in rounds],
-                      "p50_ms": statistics.median(lat), "p99_ms": lat[int(0.99 * (len(lat) - 1))]}
-        print(f"  {name:<8} c1 CPU {row['c1']['cpu_ms_per_call']:5.2f} ms/call | c8 {row['c8']['calls_per_s']:5.0f} "
-              f"calls/s, CPU {row['c8']['cpu_ms_per_call']:5.2f} ms/call (medians of {ROUNDS} rounds)", flush=True)
-        rows[name] = row
-    return rows
-
-
 def run(sizes: dict) -> dict:
     res: dict = {"machine": machine(), "token_delay_ms": TOKEN_DELAY_MS, "rows": [], "ttft_ms": {}, "sizes": sizes}
     turns, n_first = sizes["turns"], sizes["first"]
@@ -204,7 +175,7 @@ def run(sizes: dict) -> dict:
         with service(bare_cmd(bare_port), bare_port, tmp / "bare.log") as bare_pid, \
                 proxy_process(tmp / "polar", engine, MODEL, "--set", "polar_context_length=262144") as proxy:
             bare_url, url = f"http://127.0.0.1:{bare_port}{CHAT}", proxy.base_url + CHAT
-            rows = paired({"bare": (bare_url, bare_pid), "polar": (url, proxy.pid)}, sizes)
+            rows = measure_in_turns({"bare": (bare_url, bare_pid), "polar": (url, proxy.pid)}, sizes, ROUNDS)
             res["rows"] += [rows["bare"], rows["polar"]]
             calls = first_calls(n_first + 1)
             asyncio.run(send_all(url, calls[:1]))  # the first session ever: its prefix enters the cache
