@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import fcntl
+import functools
 import os
 import shutil
 import socket
@@ -29,8 +30,10 @@ SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1  # <linux/sockios.h>, <
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
+@functools.cache
 def nsenter() -> str | None:
-    """The `nsenter` that starts a sandbox in a namespace of ours, when this process may make one (root)."""
+    """The `nsenter` that starts a sandbox in a namespace of ours, when this process may make one (root). Looked
+    up once per process: each harness exec asks."""
     if os.geteuid() != 0:
         return None
     return shutil.which("nsenter", path=os.environ.get("PATH", "") + ":/usr/bin:/bin")

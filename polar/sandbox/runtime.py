@@ -326,9 +326,17 @@ def etc_copy() -> Path | None:
     folders stay links. Remade when one of them changes (their own stat: a file edited in place inside one of the
     folders is not seen); None where it cannot be written (then one bind each)."""
     try:
-        found = [(name, os.stat(Path("/etc", name))) for name in ETC_FILES if os.path.exists(Path("/etc", name))]
+        found = [(name, st) for name in ETC_FILES if (st := _stat_or_none(Path("/etc", name))) is not None]
         key = hashlib.sha256(repr([(n, s.st_ino, s.st_mtime_ns, s.st_size) for n, s in found]).encode())
         return made_once(ETC_CACHE.expanduser() / key.hexdigest()[:16], lambda tmp: _copy_etc(tmp, found))
+    except OSError:
+        return None
+
+
+def _stat_or_none(path: Path) -> os.stat_result | None:
+    """os.stat, or None where exists() would say False (a broken link too): one call, not two."""
+    try:
+        return os.stat(path)
     except OSError:
         return None
 
