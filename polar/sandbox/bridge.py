@@ -246,13 +246,18 @@ def main(argv: list[str] | None = None) -> int:
     _not_inherited()
     for port, path in forwards:
         tcp_to_unix(host, port, path)
+    # A SIGTERM that comes before the handlers below exist would kill us and orphan the command: they wait, blocked,
+    # until the handlers are in place (the command starts with them unblocked).
+    passed_on = {signal.SIGTERM, signal.SIGINT}
+    signal.pthread_sigmask(signal.SIG_BLOCK, passed_on)
     try:
-        pid = os.posix_spawnp(command[0], command, os.environ)
+        pid = os.posix_spawnp(command[0], command, os.environ, setsigmask=())
     except OSError as e:
         print(f"polar bridge: cannot start {command[0]}: {e}", file=sys.stderr)
         return 127
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in passed_on:
         signal.signal(sig, lambda n, _f: os.kill(pid, n))
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, passed_on)
     rc = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
     return 128 - rc if rc < 0 else rc
 
