@@ -6,7 +6,10 @@ blocks or `tool` turns); Gemma 3's turns as Polar's template writes them with to
 ([AVAILABLE_TOOLS]…[/AVAILABLE_TOOLS], [INST]…[/INST] user turns, an assistant turn up to </s>,
 [TOOL_RESULTS]…[/TOOL_RESULTS] tool turns); and gpt-oss's harmony messages (<|start|>ROLE…<|message|>…<|end|>,
 the developer message's instructions as the system turn and its `type NAME = (` lines as the tools offered, a
-message from functions.NAME a tool turn; harmony's own fixed system message left out)."""
+message from functions.NAME a tool turn; harmony's own fixed system message left out); and Llama 3's headed turns
+(<|start_header_id|>ROLE<|end_header_id|>…<|eot_id|>, an ipython turn a tool result) as Polar's
+llama3_tools.jinja writes them with tools: "Environment: ipython" before the system message, and a user turn of
+the tools' JSON, read as the tools offered and left out of the turns)."""
 from __future__ import annotations
 
 import json
@@ -21,6 +24,11 @@ TOOL_OUTPUT = re.compile(r"```tool_output\n(.*?)\n```", re.DOTALL)
 HARMONY_MESSAGE = re.compile(r"<\|start\|>([^<]*)(?:<\|channel\|>[^<]*)?(?:<\|constrain\|>[^<]*)?<\|message\|>(.*?)"
                              r"(<\|end\|>|<\|call\|>|<\|return\|>|\Z)", re.DOTALL)
 HARMONY_TOOL = re.compile(r"^type (\S+) = \(", re.MULTILINE)
+LLAMA3_TURN = re.compile(r"<\|start_header_id\|>([^<]*)<\|end_header_id\|>\n\n(.*?)(<\|eot_id\|>|<\|eom_id\|>|\Z)",
+                         re.DOTALL)
+LLAMA3_TOOLS_INTRO = ("Answer the user's question by making use of the following functions if needed.\n"
+                      "If none of the function can be used, please say so.\n"
+                      "Here is a list of functions in JSON format:\n")  # polar_mitm/tokens/templates/llama3_tools.jinja
 MISTRAL_MARK = re.compile(r"(\[INST\]|\[/INST\]|\[TOOL_RESULTS\]|\[/TOOL_RESULTS\]|\[AVAILABLE_TOOLS\]|"
                           r"\[/AVAILABLE_TOOLS\]|</s>)")
 
@@ -145,9 +153,43 @@ def _harmony(text: str) -> PromptView:
     return PromptView(text=text, turns=tuple(turns), tools=tools)
 
 
+def _json_objects(text: str) -> list:
+    """Whole JSON values written one after another (whitespace between), up to the first that does not parse."""
+    decoder, values, at = json.JSONDecoder(), [], 0
+    while (at := len(text) - len(text[at:].lstrip())) < len(text):
+        try:
+            value, at = decoder.raw_decode(text, at)
+        except json.JSONDecodeError:
+            break
+        values.append(value)
+    return values
+
+
+def _llama3(text: str) -> PromptView:
+    turns: list[Turn] = []
+    tools: tuple[str, ...] = ()
+    for match in LLAMA3_TURN.finditer(text):
+        role, content, end = match.groups()
+        if not end:
+            break  # the open turn the model is asked to continue
+        if role == "user" and content.startswith(LLAMA3_TOOLS_INTRO):  # the template's, not the request's
+            listing = content[len(LLAMA3_TOOLS_INTRO):]
+            tools = _names(json.dumps(_json_objects(listing)))
+            continue
+        if role == "system":
+            content = content.removeprefix("Environment: ipython").removeprefix("\n\n")
+        if role == "ipython":
+            turns.append(Turn("tool", content, 1, True))
+            continue
+        turns.append(Turn(role, content, 0))
+    return PromptView(text=text, turns=tuple(turns), tools=tools)
+
+
 def parse_prompt(text: str) -> PromptView:
     if "[INST]" in text and "<|im_start|>" not in text:
         return _mistral(text)
+    if text.startswith("<|begin_of_text|><|start_header_id|>"):
+        return _llama3(text)
     if text.startswith("<|start|>"):  # (another family's prompt may hold harmony markup a model wrote as text)
         return _harmony(text)
     gemma = "<start_of_turn>" in text

@@ -12,6 +12,9 @@ calls in the family's own markup, so the proxy's parsers meet the sequences a mo
   mistral_v3   (none: dropped)        [TOOL_CALLS][{"name": …, "arguments": {…}, "id": ID}, …] (v3/v7 Tekken: NeMo,
                                       Small), ID 9 letters and digits from the call's name, place and `salt`
   llama3_json  (none: dropped)        {"name": …, "parameters": {…}}; … (after <|python_tag|> when there is content)
+  llama_models (none: dropped)        {"type": "function", "name": …, "parameters": {…}}… one after another, as
+                                      llama-models encodes calls (Llama 3.1 with Polar's llama3_tools.jinja);
+                                      after <|python_tag|> when there is content
   harmony      analysis channel       commentary to=functions.NAME <|constrain|>json, one message per call,
                                       ended by <|call|> (gpt-oss stops there: one call per reply on its vocabulary)
   tool_code    (none: dropped)        ```tool_code\nNAME(KEY=VALUE, …)\n…```, values as JSON (Gemma 3 with
@@ -25,7 +28,7 @@ import json
 from typing import Any, Sequence
 
 REPLY_FORMATS = ("hermes", "qwen3_coder", "glm45", "deepseek_v3", "kimi_k2", "mistral", "mistral_v3", "mistral_v11",
-                 "llama3_json", "harmony", "tool_code")
+                 "llama3_json", "llama_models", "harmony", "tool_code")
 
 Call = tuple[str, Any]  # (name, arguments: a dict, or JSON text written as it is)
 
@@ -113,8 +116,12 @@ def write_reply(fmt: str, think: str | None, content: str, calls: Sequence[Call]
         items = ", ".join(f'{{"name": "{name}", "arguments": {_json(args)}, "id": "{_mistral_id(name, i, salt)}"}}'
                           for i, (name, args) in enumerate(calls))
         return f"{content}[TOOL_CALLS][{items}]"
-    if fmt == "llama3_json":
-        body = "; ".join(f'{{"name": "{name}", "parameters": {_json(args)}}}' for name, args in calls)
+    if fmt in ("llama3_json", "llama_models"):
+        if fmt == "llama3_json":
+            body = "; ".join(f'{{"name": "{name}", "parameters": {_json(args)}}}' for name, args in calls)
+        else:  # as llama-models' ChatFormat encodes a custom call (json.dumps), and so Polar's llama3_tools.jinja
+            body = "".join(f'{{"type": "function", "name": {json.dumps(name)}, "parameters": '
+                           f'{args if isinstance(args, str) else json.dumps(args)}}}' for name, args in calls)
         if not calls:
             return content
         return f"{content}<|python_tag|>{body}" if content else body

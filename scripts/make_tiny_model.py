@@ -209,7 +209,8 @@ def build_model(tok: Tokenizer, seed: int):
 
 # The stop tokens of a family's real generation_config.json, where the tokenizer's eos is not all of them
 # (gpt-oss stops at a tool call's <|call|> and at <|endoftext|> too).
-FAMILY_STOPS = {"<|return|>": ("<|return|>", "<|endoftext|>", "<|call|>")}
+FAMILY_STOPS = {"<|return|>": ("<|return|>", "<|endoftext|>", "<|call|>"),  # gpt-oss
+               "<|eot_id|>": ("<|eot_id|>", "<|eom_id|>", "<|end_of_text|>")}  # Llama 3.1 (3.0 has no eom)
 
 
 def write_for_tokenizer(tokenizer_dir: Path, out: Path, seed: int = 0) -> Path:
@@ -234,7 +235,8 @@ def write_for_tokenizer(tokenizer_dir: Path, out: Path, seed: int = 0) -> Path:
     torch.manual_seed(seed)
     model = Qwen3ForCausalLM(config).eval()
     init_weights(model, seed)
-    stops = [auto.convert_tokens_to_ids(t) for t in FAMILY_STOPS.get(auto.eos_token, ())] or eos
+    known = auto.get_vocab()
+    stops = [known[t] for t in FAMILY_STOPS.get(auto.eos_token, ()) if t in known] or eos
     model.generation_config = GenerationConfig(eos_token_id=stops, pad_token_id=pad, do_sample=False)
     model.save_pretrained(out, safe_serialization=True)
     probe = "Knowledge cutoff: 2024-06\n\n  héllo wörld 日本語 <think> x=1;\ty"

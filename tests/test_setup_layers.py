@@ -14,11 +14,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 TEST_ONLY = ("install_python_harnesses.sh", "install_openclaw.sh", "install_more_harnesses.sh", "setup_podman.sh",
-             "fetch_tokenizers.sh", "install_mistral_common.sh", "fetch_models.sh")
+             "fetch_tokenizers.sh", "install_reference_libs.sh", "fetch_models.sh")
 PI, CODEX = "@mariozechner/pi-coding-agent", "@openai/codex"
 STEP_SCRIPTS = ("setup_apt.sh", "setup_python.sh", "install_harnesses.sh", "install_apptainer.sh", "build_image.sh",
                 "setup_sandbox_user.sh", "setup_redis.sh", "install_python_harnesses.sh", "install_openclaw.sh",
-                "install_more_harnesses.sh", "setup_podman.sh", "fetch_tokenizers.sh", "install_mistral_common.sh",
+                "install_more_harnesses.sh", "setup_podman.sh", "fetch_tokenizers.sh", "install_reference_libs.sh",
                 "fetch_models.sh")
 
 

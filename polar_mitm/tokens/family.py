@@ -7,9 +7,11 @@ offered tools). Gemma 3 is the exception: its calling is prompt-based, so its te
 is replaced by Polar's own, polar_mitm/tokens/templates/gemma3_tools.jinja: the same text without tools, the
 tools and past calls in the prompt-based form with them. The proxy says so at start; `--tool-parser none` keeps
 Gemma's own. A gpt-oss tokenizer without a chat template (harmony's special tokens, no template) gets Polar's
-harmony.jinja, the text openai-harmony renders. A Gemma template that renders tools itself writes them some other
-way: it is refused with one line naming the ways out (`--tool-parser` to force one, when the user knows the model
-writes that form anyway; `--render engine`, polar_mitm/engines/chat.py, to let the engine render and parse).
+harmony.jinja, the text openai-harmony renders; a Llama 3.1 vocabulary without one (<|python_tag|>, <|eom_id|>)
+gets llama3_tools.jinja, the ids llama-models encodes. A Gemma template that renders tools itself writes them
+some other way: it is refused with one line naming the ways out (`--tool-parser` to force one, when the user
+knows the model writes that form anyway; `--render engine`, polar_mitm/engines/chat.py, to let the engine render
+and parse).
 
   markers                                        family            tool parser
   <|channel|>                                    gpt-oss harmony   harmony (reasoning too: the analysis channel)
@@ -51,8 +53,10 @@ FAMILIES: tuple[tuple[str, tuple[str, ...], str], ...] = (
 OWN_TEMPLATES = {"Gemma 3": TEMPLATES / "gemma3_tools.jinja"}
 # Tokenizers published without a chat template, known by special tokens only their family has, and Polar's
 # template for them: gpt-oss's harmony format (the npm o200k_harmony tokenizer ships none), checked against
-# openai-harmony's own rendering.
-VOCABULARY_TEMPLATES = ((("<|channel|>", "<|constrain|>", "<|call|>"), TEMPLATES / "harmony.jinja"),)
+# openai-harmony's own rendering; Llama 3.1's (a vocabulary converted from llama-models' tiktoken file has none),
+# checked against llama-models' ChatFormat.
+VOCABULARY_TEMPLATES = ((("<|channel|>", "<|constrain|>", "<|call|>"), TEMPLATES / "harmony.jinja"),
+                        (("<|start_header_id|>", "<|python_tag|>", "<|eom_id|>"), TEMPLATES / "llama3_tools.jinja"))
 
 
 def template_for_vocabulary(special_tokens: set[str]) -> Path | None:

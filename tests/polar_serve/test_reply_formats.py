@@ -10,9 +10,10 @@ from polar_mitm.tokens.reply_parser import UNPARSED_TOOL_CALL, parse_reply
 from polar_serve.reply_formats import REPLY_FORMATS, write_reply
 
 REASONING = {"hermes": "think", "qwen3_coder": "think", "glm45": "think", "deepseek_v3": "think",
-             "kimi_k2": "think", "mistral": "mistral", "mistral_v3": None, "mistral_v11": None, "llama3_json": None, "harmony": "harmony",
-             "tool_code": None}
-PARSER = {"mistral_v3": "mistral", "mistral_v11": "mistral"}  # the proxy's one Mistral parser reads all shapes
+             "kimi_k2": "think", "mistral": "mistral", "mistral_v3": None, "mistral_v11": None, "llama3_json": None,
+             "llama_models": None, "harmony": "harmony", "tool_code": None}
+# the proxy's one Mistral parser reads all its shapes, its Llama 3 parser both ways of writing a call
+PARSER = {"mistral_v3": "mistral", "mistral_v11": "mistral", "llama_models": "llama3_json"}
 
 words = st.text(st.characters(whitelist_categories=("L", "N"), whitelist_characters=" .,:;!?-ü"), min_size=1,
                 max_size=30).map(str.strip).filter(bool)
@@ -41,7 +42,7 @@ def test_malformed_arguments_are_written_as_given_and_read_as_unparsed(fmt):
     reply = parse_reply(text, PARSER.get(fmt, fmt), REASONING[fmt])
     if fmt in ("qwen3_coder", "glm45"):  # one string parameter, the text as it was: nothing lost
         assert [c.args() for c in reply.tool_calls] == [{"input": '{"command": '}]
-    elif fmt == "llama3_json":  # a bare reply that is no JSON call is plain content
+    elif fmt in ("llama3_json", "llama_models"):  # a bare reply that is no JSON call is plain content
         assert (reply.tool_calls, reply.content) == ((), text)
     else:
         assert reply.tool_calls == () and UNPARSED_TOOL_CALL in reply.flags and '{"command":' in reply.content

@@ -92,6 +92,27 @@ def test_prompt_view_reads_harmony_messages_as_polars_template_writes_them(hf_to
                         "<|im_end|>\n").turns[0].role == "user"
 
 
+def test_prompt_view_reads_llama3_turns_as_polars_template_writes_them(hf_tokenizer) -> None:
+    from polar_mitm.tokens.family import TEMPLATES
+
+    def llama(messages: list[dict], tools: list[dict] | None = None) -> str:
+        text = hf_tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True,
+                                                chat_template=(TEMPLATES / "llama3_tools.jinja").read_text())
+        return "<|begin_of_text|>" + text  # (tiny-qwen2 has no BOS to write)
+
+    ask = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "make polar.txt"}]
+    first = parse_prompt(llama(ask, [tool("read_file"), tool("Bash")]))
+    assert first.tools == ("read_file", "Bash") and first.tool_results == 0 and not first.after_tool_result
+    assert first.system == "Be brief." and first.first_user == "make polar.txt"  # the tools' turn is the template's
+    call = {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "function": {"name": "Bash",
+                                                                                         "arguments": {}}}]}
+    results = [{"role": "tool", "tool_call_id": "c1", "content": "ok"}, {"role": "tool", "content": "ok"}]
+    later = parse_prompt(llama(ask + [call] + results, [tool("Bash")]))
+    assert later.tools == ("Bash",) and later.tool_results == 2 and later.after_tool_result
+    assert later.assistant_turns == 1 and later.last_user == "make polar.txt"
+    assert parse_prompt(llama(ask)).tools == () and parse_prompt(llama(ask)).system == "Be brief."
+
+
 def test_prompt_view_reads_mistrals_instruct_format() -> None:
     tools = "[AVAILABLE_TOOLS]" + json.dumps([tool("read_file"), tool("bash")]) + "[/AVAILABLE_TOOLS]"
     call = '[TOOL_CALLS][{"name": "bash", "arguments": {}, "id": "abcdefghi"}]</s>'

@@ -6,8 +6,10 @@ multi-turn session with reasoning where the family writes it, two parallel shell
 shell-twice.yaml). Each run: the files written, the formats the proxy said it uses, no error and no unparsed
 call, every prompt holding what the harness sent, every call's ids and logprobs those of a forward pass, the
 agent's calls one merged trajectory; and the first call equals the family's own rendering of the request (for
-Mistral, the ids mistral-common encodes; for gpt-oss, the ids openai-harmony renders; for the others,
-transformers' `apply_chat_template` through the prompt oracle)."""
+Mistral, the ids mistral-common encodes, and for Llama 3.1 those llama-models encodes, for every call pi made;
+for gpt-oss, the ids openai-harmony renders; for the others, transformers' `apply_chat_template` through the
+prompt oracle). Llama 3.1's vocabulary is the one llama-models ships (tests/llama_reference.py), which has no
+chat template: the proxy renders it with Polar's llama3_tools.jinja."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -20,6 +22,7 @@ from polar_traj import read as read_trajectories
 from polar_traj.capture_reader import read_capture_dicts
 from polar_traj.messages import conversation_messages
 from tests.harmony_reference import encoding as harmony_encoding, harmony_ids
+from tests.llama_reference import llama_models, write_hf_tokenizer as write_llama_tokenizer
 from tests.mistral_reference import mistral_common, write_hf_tokenizer
 from tests.polar.harness.test_harness_matrix import agent_calls, assert_replayed, replay
 from tests.polar.run.test_cli import polar_run
@@ -33,10 +36,11 @@ pytestmark = pytest.mark.slow
 FAMILIES = {"qwen3": ("hermes", None, "<tool_call>"),
             "gemma3": ("tool_code", OWN_TEMPLATES["Gemma 3"], "```tool_code\n"),
             "mistral": ("mistral_v3", None, "[TOOL_CALLS]"),
-            "gptoss": ("harmony", TEMPLATES / "harmony.jinja", "<|constrain|>json<|message|>{")}
+            "gptoss": ("harmony", TEMPLATES / "harmony.jinja", "<|constrain|>json<|message|>{"),
+            "llama3_1": ("llama_models", TEMPLATES / "llama3_tools.jinja", '{"type": "function", "name": ')}
 # gpt-oss stops at a call's <|call|>: one call a reply, so its session writes the file, then appends the line
 ONE_CALL_A_REPLY = {"gptoss"}
-PARSERS = {"mistral_v3": "mistral"}  # the proxy's parser of a reply format, where its name differs
+PARSERS = {"mistral_v3": "mistral", "llama_models": "llama3_json"}  # the proxy's parser of a reply format, where its name differs
 HARNESSES = {"pi": ("base_url", "bash"), "claude-code": ("https_proxy", "Bash")}  # way in, shell tool
 
 
@@ -48,8 +52,9 @@ def family_models(tmp_path_factory, make_tiny_model) -> dict[str, Path]:
     def model(family: str) -> Path:
         if family not in made:
             tmp = tmp_path_factory.mktemp(family)
-            source = write_hf_tokenizer(tmp / "tekken") if family == "mistral" else TOKENIZERS / family
-            assert (family == "mistral" or (source / ".installed").is_file()), f"{source}: run `make setup`"
+            converted = {"mistral": write_hf_tokenizer, "llama3_1": write_llama_tokenizer}.get(family)
+            source = converted(tmp / "tokenizer") if converted else TOKENIZERS / family
+            assert converted or (source / ".installed").is_file(), f"{source}: run `make setup`"
             made[family] = make_tiny_model.write_for_tokenizer(source, tmp / f"tiny-{family}")
         return made[family]
     return model
@@ -90,9 +95,11 @@ def test_a_family_through_a_harness(family, harness, family_models, tmp_path, po
     assert [c["function"]["name"] for c in first.get("tool_calls") or []] == [shell] * (1 if one_call else 2), first
     last = conversation_messages(agent[-1]["api"], agent[-1]["request"], agent[-1]["response"])["messages"][-1]
     assert last["content"] == "Done." and not last.get("tool_calls"), last
+    chats = [{"messages": r["request"]["messages"], "tools": r["request"].get("tools")} for r in agent]
     if family == "mistral" and agent[0]["api"] == "openai_chat":  # Mistral's own encoding of what pi sent
-        chats = [{"messages": r["request"]["messages"], "tools": r["request"].get("tools")} for r in agent]
         assert mistral_common(chats)["tokens"] == [r["prompt_ids"] for r in agent]
+    if family == "llama3_1" and agent[0]["api"] == "openai_chat":  # llama-models' encoding of what pi sent
+        assert llama_models(chats) == [r["prompt_ids"] for r in agent]
     if family == "gptoss" and agent[0]["api"] == "openai_chat":  # openai-harmony's rendering of what pi sent
         request = agent[0]["request"]
         assert agent[0]["prompt_ids"] == harmony_ids(harmony_encoding(TOKENIZERS / "gptoss"), request["messages"],
