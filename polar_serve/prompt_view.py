@@ -9,7 +9,10 @@ the developer message's instructions as the system turn and its `type NAME = (` 
 message from functions.NAME a tool turn; harmony's own fixed system message left out); and Llama 3's headed turns
 (<|start_header_id|>ROLE<|end_header_id|>…<|eot_id|>, an ipython turn a tool result) as Polar's
 llama3_tools.jinja writes them with tools: "Environment: ipython" before the system message, and a user turn of
-the tools' JSON, read as the tools offered and left out of the turns)."""
+the tools' JSON, read as the tools offered and left out of the turns); and DeepSeek V3's as Polar's
+deepseek_v3_tools.jinja writes it (the system prompt up to its `## Tools` section, whose `### NAME` headings are
+the tools offered; <｜User｜> and <｜Assistant｜> turns, each result of a <｜tool▁outputs▁begin｜> block a tool
+turn)."""
 from __future__ import annotations
 
 import json
@@ -29,6 +32,12 @@ LLAMA3_TURN = re.compile(r"<\|start_header_id\|>([^<]*)<\|end_header_id\|>\n\n(.
 LLAMA3_TOOLS_INTRO = ("Answer the user's question by making use of the following functions if needed.\n"
                       "If none of the function can be used, please say so.\n"
                       "Here is a list of functions in JSON format:\n")  # polar_mitm/tokens/templates/llama3_tools.jinja
+# DeepSeek V3 as Polar's deepseek_v3_tools.jinja writes it: after results the assistant writes on without a marker
+DEEPSEEK_OPENS = {"<｜User｜>": "user", "<｜Assistant｜>": "assistant", "<｜tool▁outputs▁begin｜>": "tool",
+                  "<｜tool▁outputs▁end｜>": "assistant"}
+DEEPSEEK_MARK = re.compile("(" + "|".join(map(re.escape, [*DEEPSEEK_OPENS, "<｜end▁of▁sentence｜>"])) + ")")
+DEEPSEEK_OUTPUT = re.compile(r"<｜tool▁output▁begin｜>(.*?)<｜tool▁output▁end｜>", re.DOTALL)
+DEEPSEEK_TOOL = re.compile(r"^### (.+)\nDescription: ", re.MULTILINE)
 MISTRAL_MARK = re.compile(r"(\[INST\]|\[/INST\]|\[TOOL_RESULTS\]|\[/TOOL_RESULTS\]|\[AVAILABLE_TOOLS\]|"
                           r"\[/AVAILABLE_TOOLS\]|</s>)")
 
@@ -185,9 +194,38 @@ def _llama3(text: str) -> PromptView:
     return PromptView(text=text, turns=tuple(turns), tools=tools)
 
 
+def _deepseek_closed(role: str, content: str) -> list[Turn]:
+    """The turns a user or tool-results piece of a DeepSeek prompt holds, once the next marker closes it."""
+    if role == "user":
+        return [Turn("user", content, 0)]
+    if role == "tool":
+        return [Turn("tool", result, 1, True) for result in DEEPSEEK_OUTPUT.findall(content)]
+    return []
+
+
+def _deepseek(text: str) -> PromptView:
+    pieces = DEEPSEEK_MARK.split(text.removeprefix("<｜begin▁of▁sentence｜>"))
+    system, _, section = pieces[0].partition("## Tools\n")
+    turns = [Turn("system", system.removesuffix("\n\n"), 0)] if system else []
+    role, content = "", ""
+    for piece in pieces[1:]:
+        if piece in DEEPSEEK_OPENS:
+            turns += _deepseek_closed(role, content)
+            role, content = DEEPSEEK_OPENS[piece], ""
+        elif piece == "<｜end▁of▁sentence｜>":
+            if role == "assistant":  # (an assistant turn without its end is the open one: left out)
+                turns.append(Turn("assistant", content, 0))
+            role, content = "", ""
+        else:
+            content += piece
+    return PromptView(text=text, turns=tuple(turns), tools=tuple(DEEPSEEK_TOOL.findall(section)))
+
+
 def parse_prompt(text: str) -> PromptView:
     if "[INST]" in text and "<|im_start|>" not in text:
         return _mistral(text)
+    if text.startswith("<｜begin▁of▁sentence｜>"):
+        return _deepseek(text)
     if text.startswith("<|begin_of_text|><|start_header_id|>"):
         return _llama3(text)
     if text.startswith("<|start|>"):  # (another family's prompt may hold harmony markup a model wrote as text)

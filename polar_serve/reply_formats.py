@@ -6,6 +6,7 @@ calls in the family's own markup, so the proxy's parsers meet the sequences a mo
   qwen3_coder  <think>…</think>       <tool_call><function=NAME><parameter=KEY>VALUE</parameter></function></tool_call>
   glm45        <think>…</think>       <tool_call>NAME<arg_key>KEY</arg_key><arg_value>VALUE</arg_value></tool_call>
   deepseek_v3  <think>…</think>       <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME ```json …```…
+  deepseek_v3_plain (none: dropped)  as deepseek_v3: DeepSeek V3 itself, which writes no reasoning
   kimi_k2      <think>…</think>       <|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:I…
   mistral      [THINK]…[/THINK]       [TOOL_CALLS]NAME[ARGS]{…} per call (v13: Magistral)
   mistral_v11  (none: dropped)        [TOOL_CALLS]NAME[CALL_ID]ID[ARGS]{…} per call (v11: Devstral), ID as v3's
@@ -27,8 +28,8 @@ import hashlib
 import json
 from typing import Any, Sequence
 
-REPLY_FORMATS = ("hermes", "qwen3_coder", "glm45", "deepseek_v3", "kimi_k2", "mistral", "mistral_v3", "mistral_v11",
-                 "llama3_json", "llama_models", "harmony", "tool_code")
+REPLY_FORMATS = ("hermes", "qwen3_coder", "glm45", "deepseek_v3", "deepseek_v3_plain", "kimi_k2", "mistral",
+                 "mistral_v3", "mistral_v11", "llama3_json", "llama_models", "harmony", "tool_code")
 
 Call = tuple[str, Any]  # (name, arguments: a dict, or JSON text written as it is)
 
@@ -93,6 +94,8 @@ def write_reply(fmt: str, think: str | None, content: str, calls: Sequence[Call]
         for i, (name, args) in enumerate(calls):
             text += ("\n" if content or i else "") + one(name, args)
         return text
+    if fmt == "deepseek_v3_plain":
+        return write_reply("deepseek_v3", None, content, calls, salt)
     if fmt in ("deepseek_v3", "kimi_k2"):
         text = ("" if think is None else f"<think>{think}</think>") + content
         if not calls:

@@ -6,17 +6,19 @@ tool calls at all gets no tool parser: replies are text (and `template_dropped_t
 offered tools). Gemma 3 is the exception: its calling is prompt-based, so its template (which renders no tools)
 is replaced by Polar's own, polar_mitm/tokens/templates/gemma3_tools.jinja: the same text without tools, the
 tools and past calls in the prompt-based form with them. The proxy says so at start; `--tool-parser none` keeps
-Gemma's own. A gpt-oss tokenizer without a chat template (harmony's special tokens, no template) gets Polar's
-harmony.jinja, the text openai-harmony renders; a Llama 3.1 vocabulary without one (<|python_tag|>, <|eom_id|>)
-gets llama3_tools.jinja, the ids llama-models encodes. A Gemma template that renders tools itself writes them
-some other way: it is refused with one line naming the ways out (`--tool-parser` to force one, when the user
-knows the model writes that form anyway; `--render engine`, polar_mitm/engines/chat.py, to let the engine render
-and parse).
+Gemma's own. DeepSeek V3's template renders no tool definitions either (and past calls and results only in some
+shapes): it is replaced by polar_mitm/tokens/templates/deepseek_v3_tools.jinja, the same text wherever V3's is
+right, with the tools in the system prompt. A gpt-oss tokenizer without a chat template (harmony's special
+tokens, no template) gets Polar's harmony.jinja, the text openai-harmony renders; a Llama 3.1 vocabulary without
+one (<|python_tag|>, <|eom_id|>) gets llama3_tools.jinja, the ids llama-models encodes. A Gemma template that
+renders tools itself writes them some other way: it is refused with one line naming the ways out
+(`--tool-parser` to force one, when the user knows the model writes that form anyway; `--render engine`,
+polar_mitm/engines/chat.py, to let the engine render and parse).
 
   markers                                        family            tool parser
   <|channel|>                                    gpt-oss harmony   harmony (reasoning too: the analysis channel)
   [TOOL_CALLS]                                   Mistral           mistral
-  <｜tool▁calls▁begin｜>                          DeepSeek V3/R1    deepseek_v3 (V3.1's shape too)
+  <｜tool▁calls▁begin｜>                          DeepSeek V3/R1    deepseek_v3 (V3.1's shape too); V3: Polar's template
   <|tool_calls_section_begin|>                   Kimi K2           kimi_k2
   <arg_key>                                      GLM-4.5/4.6       glm45
   <tool_call> … <function=                       Qwen3-Coder       qwen3_coder
@@ -49,8 +51,13 @@ FAMILIES: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("Gemma 3 (tool_code)", ("```tool_code",), "tool_code"),  # Polar's Gemma 3 template, saved with a model
     ("Gemma 3", ("<start_of_turn>",), "tool_code"),
 )
-# Families whose own template renders no tools, and Polar's template that renders them the family's way.
-OWN_TEMPLATES = {"Gemma 3": TEMPLATES / "gemma3_tools.jinja"}
+# Families whose own template renders no tools, and Polar's template that renders them the family's way. A
+# template of such a family that does render tools is refused for Gemma (it writes them some unknown way) and kept
+# for DeepSeek (V3.1's renders its tools and V3's call tokens); DeepSeek R1's (<think>) is kept too: Polar's is
+# V3's, which writes no reasoning.
+OWN_TEMPLATES = {"Gemma 3": TEMPLATES / "gemma3_tools.jinja",
+                 "DeepSeek V3/R1": TEMPLATES / "deepseek_v3_tools.jinja"}
+KEPT_WHEN_RENDERING_TOOLS = {"DeepSeek V3/R1"}
 # Tokenizers published without a chat template, known by special tokens only their family has, and Polar's
 # template for them: gpt-oss's harmony format (the npm o200k_harmony tokenizer ships none), checked against
 # openai-harmony's own rendering; Llama 3.1's (a vocabulary converted from llama-models' tiktoken file has none),
@@ -81,6 +88,9 @@ def detect(template: str) -> Formats:
     for family, markers, parser in FAMILIES:
         if any(m in template for m in markers):
             own = OWN_TEMPLATES.get(family)
+            if own is not None and family in KEPT_WHEN_RENDERING_TOOLS and (
+                    re.search(r"\btools\b", template) or reasoning_of(template)):
+                own = None
             if own is not None and re.search(r"\btools\b", template):  # it renders tools itself, some other way
                 raise ValueError(f"the chat template is {family}'s, whose tool calls the proxy does not parse yet "
                                  f"(it parses {', '.join(PARSED)}); pass --tool-parser NAME if the model writes "

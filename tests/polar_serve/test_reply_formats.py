@@ -10,10 +10,12 @@ from polar_mitm.tokens.reply_parser import UNPARSED_TOOL_CALL, parse_reply
 from polar_serve.reply_formats import REPLY_FORMATS, write_reply
 
 REASONING = {"hermes": "think", "qwen3_coder": "think", "glm45": "think", "deepseek_v3": "think",
+             "deepseek_v3_plain": None,
              "kimi_k2": "think", "mistral": "mistral", "mistral_v3": None, "mistral_v11": None, "llama3_json": None,
              "llama_models": None, "harmony": "harmony", "tool_code": None}
 # the proxy's one Mistral parser reads all its shapes, its Llama 3 parser both ways of writing a call
-PARSER = {"mistral_v3": "mistral", "mistral_v11": "mistral", "llama_models": "llama3_json"}
+PARSER = {"mistral_v3": "mistral", "mistral_v11": "mistral", "llama_models": "llama3_json",
+          "deepseek_v3_plain": "deepseek_v3"}
 
 words = st.text(st.characters(whitelist_categories=("L", "N"), whitelist_characters=" .,:;!?-ü"), min_size=1,
                 max_size=30).map(str.strip).filter(bool)

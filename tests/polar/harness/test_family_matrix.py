@@ -37,10 +37,11 @@ FAMILIES = {"qwen3": ("hermes", None, "<tool_call>"),
             "gemma3": ("tool_code", OWN_TEMPLATES["Gemma 3"], "```tool_code\n"),
             "mistral": ("mistral_v3", None, "[TOOL_CALLS]"),
             "gptoss": ("harmony", TEMPLATES / "harmony.jinja", "<|constrain|>json<|message|>{"),
-            "llama3_1": ("llama_models", TEMPLATES / "llama3_tools.jinja", '{"type": "function", "name": ')}
+            "llama3_1": ("llama_models", TEMPLATES / "llama3_tools.jinja", '{"type": "function", "name": '),
+            "deepseek_v3": ("deepseek_v3_plain", OWN_TEMPLATES["DeepSeek V3/R1"], "<｜tool▁calls▁begin｜>")}
 # gpt-oss stops at a call's <|call|>: one call a reply, so its session writes the file, then appends the line
 ONE_CALL_A_REPLY = {"gptoss"}
-PARSERS = {"mistral_v3": "mistral", "llama_models": "llama3_json"}  # the proxy's parser of a reply format, where its name differs
+PARSERS = {"mistral_v3": "mistral", "llama_models": "llama3_json", "deepseek_v3_plain": "deepseek_v3"}  # the proxy's parser of a reply format, where its name differs
 HARNESSES = {"pi": ("base_url", "bash"), "claude-code": ("https_proxy", "Bash")}  # way in, shell tool
 
 
