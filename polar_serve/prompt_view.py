@@ -101,6 +101,11 @@ def _names(block: str) -> tuple[str, ...]:
                 items.append(json.loads(line))
             except json.JSONDecodeError:
                 continue
+    return _names_of(items)
+
+
+def _names_of(items: list) -> tuple[str, ...]:
+    """The names of tool definitions (OpenAI's `{"function": {"name"}}` or a bare `{"name"}`)."""
     names: list[str] = []
     for item in items:
         if not isinstance(item, dict):
@@ -165,7 +170,7 @@ def _harmony(text: str) -> PromptView:
 def _json_objects(text: str) -> list:
     """Whole JSON values written one after another (whitespace between), up to the first that does not parse."""
     decoder, values, at = json.JSONDecoder(), [], 0
-    while (at := len(text) - len(text[at:].lstrip())) < len(text):
+    while (at := at + len(text[at:]) - len(text[at:].lstrip())) < len(text):  # at: the next value's first char
         try:
             value, at = decoder.raw_decode(text, at)
         except json.JSONDecodeError:
@@ -183,7 +188,7 @@ def _llama3(text: str) -> PromptView:
             break  # the open turn the model is asked to continue
         if role == "user" and content.startswith(LLAMA3_TOOLS_INTRO):  # the template's, not the request's
             listing = content[len(LLAMA3_TOOLS_INTRO):]
-            tools = _names(json.dumps(_json_objects(listing)))
+            tools = _names_of(_json_objects(listing))
             continue
         if role == "system":
             content = content.removeprefix("Environment: ipython").removeprefix("\n\n")
