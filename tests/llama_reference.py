@@ -7,22 +7,16 @@ from __future__ import annotations
 
 import base64
 import json
-import subprocess
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-PYTHON = ROOT / ".tools" / "llama-models-venv" / "bin" / "python"
+from tests.reference_libs import run_oracle
 
 
 def llama_models(chats: list[dict[str, Any]], export: Path | None = None) -> list[list[int]]:
     """The ids llama-models encodes each OpenAI-shaped chat ({"messages", "tools"}) into (tests/llama_oracle.py)."""
-    assert PYTHON.is_file(), f"{PYTHON}: no llama-models; run `make setup` (scripts/install_reference_libs.sh)"
     request = {"chats": chats, "export": str(export) if export else None}
-    done = subprocess.run([str(PYTHON), str(ROOT / "tests" / "llama_oracle.py")], capture_output=True, text=True,
-                          input=json.dumps(request), timeout=300)
-    assert done.returncode == 0, f"llama_oracle.py failed:\n{done.stderr[-3000:]}"
-    return json.loads(done.stdout)["tokens"]
+    return run_oracle("llama-models", "llama_oracle.py", request)["tokens"]
 
 
 def write_hf_tokenizer(out: Path) -> Path:
