@@ -88,10 +88,10 @@ def detect(template: str) -> Formats:
     for family, markers, parser in FAMILIES:
         if any(m in template for m in markers):
             own = OWN_TEMPLATES.get(family)
-            if own is not None and family in KEPT_WHEN_RENDERING_TOOLS and (
-                    re.search(r"\btools\b", template) or reasoning_of(template)):
+            renders_tools = re.search(r"\btools\b", template) is not None
+            if family in KEPT_WHEN_RENDERING_TOOLS and (renders_tools or reasoning_of(template)):
                 own = None
-            if own is not None and re.search(r"\btools\b", template):  # it renders tools itself, some other way
+            if own is not None and renders_tools:  # it renders tools itself, some other way
                 raise ValueError(f"the chat template is {family}'s, whose tool calls the proxy does not parse yet "
                                  f"(it parses {', '.join(PARSED)}); pass --tool-parser NAME if the model writes "
                                  "one of those, or --render engine to let the engine render and parse")
