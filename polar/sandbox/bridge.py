@@ -243,13 +243,14 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"{USAGE}\npolar bridge: {e}", file=sys.stderr)
         return 2
+    # A SIGTERM that comes before the handlers below exist would kill us and orphan the command: they wait, blocked,
+    # until the handlers are in place. Blocked before the forwards start their thread, which inherits the mask (a
+    # thread that does not block them would take the signal's default action); the command starts unblocked.
+    passed_on = {signal.SIGTERM, signal.SIGINT}
+    signal.pthread_sigmask(signal.SIG_BLOCK, passed_on)
     _not_inherited()
     for port, path in forwards:
         tcp_to_unix(host, port, path)
-    # A SIGTERM that comes before the handlers below exist would kill us and orphan the command: they wait, blocked,
-    # until the handlers are in place (the command starts with them unblocked).
-    passed_on = {signal.SIGTERM, signal.SIGINT}
-    signal.pthread_sigmask(signal.SIG_BLOCK, passed_on)
     try:
         pid = os.posix_spawnp(command[0], command, os.environ, setsigmask=())
     except OSError as e:
