@@ -101,11 +101,13 @@ def test_real_smollm2_through_pi_with_free_sampling(tmp_path, start_reference_se
     records, out, _ = pi_writes_a_haiku(tmp_path, backend, SMOLLM2)
     for r in records:
         assert len(r["prompt_ids"]) + len(r["output_ids"]) <= 1024
-        # SmolLM2's template renders no tools: said so on the record, and the reply is the sampled text
+        # SmolLM2's template renders no tools: said so on the record, and the reply is the sampled text, trimmed at
+        # either end as the proxy trims content (polar_mitm/tokens/reply_parser.py): free sampling cut at the
+        # context's end may stop on a newline
         assert "template_dropped_tools" in r["flags"], r["flags"]
         assert_prompt_faithful(r, tokenizer)  # and the first call equals transformers' rendering of the request
         text = r["response"]["choices"][0]["message"]["content"]
-        assert text == tokenizer.decode(r["output_ids"], skip_special_tokens=True), text
+        assert text == tokenizer.decode(r["output_ids"], skip_special_tokens=True).strip(), text
     assert worst_logprob_error(gguf_model(SMOLLM2), records) <= LOGPROB_BOUND
     assert_first_row_is_the_first_call(out, records[0])
 
