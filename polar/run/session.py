@@ -33,7 +33,7 @@ from polar.run.summary import RunSummary, WorkspaceTooLarge, changed_files, snap
 from polar.sandbox import supervisor
 from polar.sandbox.bridge import UnixToTcp
 from polar.sandbox.runtime import ExecResult, Mounts, Sandbox, get_runtime
-from polar.tasks.agent_files import folder_beneath
+from polar.sandbox.agent_files import folder_beneath
 from polar_traj.captures import copy_capture
 
 TOOLS_BIN = ROOT / ".tools" / "npm" / "node_modules" / ".bin"

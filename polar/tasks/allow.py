@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Iterable
 
 from polar.sandbox.identity import copy_without_privileges
-from polar.tasks.agent_files import clear_path, matches_any
+from polar.sandbox.agent_files import clear_path, matches_any
 from polar.tasks.task import Submit, TaskSpec
 
 # Never the agent's: pytest reads them before any test, Python runs them at start-up.

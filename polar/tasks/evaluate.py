@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from polar.sandbox.runtime import ExecResult, Mounts, Sandbox
-from polar.tasks.agent_files import AgentFileError, AgentFileMissing, read_beneath
+from polar.sandbox.agent_files import AgentFileError, AgentFileMissing, read_beneath
 from polar.tasks.evaluation import (OUTPUT_LIMIT, Evaluation, EvaluatorCrash, read_tail, task_env,
                                    verifier_timeout)
 from polar.tasks.spec import DEFAULT_REWARD_RANGE, EvaluatorSpec

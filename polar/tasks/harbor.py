@@ -48,7 +48,7 @@ from typing import Any, Mapping, Sequence
 
 from polar.tasks.task import (HEALTHCHECK_TIMEOUT_S, LOGS_AT, SESSION_MARGIN_S, SETUP_SCRIPT, SOLUTION_AT,
                               STEP_STRATEGIES, TESTS_AT, EvaluatorSpec, StepSpec, Submit, TaskError, TaskSpec)
-from polar.tasks.agent_files import AgentFileError, read_beneath
+from polar.sandbox.agent_files import AgentFileError, read_beneath
 from polar.tasks.roots import inside, outside, tasks_roots
 from polar_traj.records import check_id
 

@@ -18,7 +18,7 @@ from polar.tasks import observe_child
 from polar.tasks.evaluation import OUTPUT_LIMIT, Evaluation, EvaluatorCrash, read_tail, task_env, verifier_timeout
 from polar.tasks.observer import Channel, Records, expected_tests, judge
 from polar.tasks.spec import EvaluatorSpec
-from polar.tasks.agent_files import AgentFileError, read_beneath
+from polar.sandbox.agent_files import AgentFileError, read_beneath
 
 RUNNER = "polar_observe.py"
 COPY_LIMIT = 32 << 20  # bytes of a python evaluator's package copied into the sandbox at most

@@ -26,7 +26,7 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from polar.sandbox.identity import copy_without_privileges
-from polar.tasks.agent_files import put_beneath
+from polar.sandbox.agent_files import put_beneath
 from polar.tasks.allow import pristine
 from polar.tasks.task import SETUP_SCRIPT, StepSpec, TaskSpec
 

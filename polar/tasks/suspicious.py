@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from polar.tasks.agent_files import AgentFileError, read_beneath
+from polar.sandbox.agent_files import AgentFileError, read_beneath
 from polar.tasks.allow import FILE_LIMIT, NEVER_NAMES, NEVER_SUFFIXES, Submission
 
 SCAN_TOTAL = 32 << 20  # bytes of changed files read in all (one file: up to allow.FILE_LIMIT, larger is dropped)

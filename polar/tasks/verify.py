@@ -9,7 +9,7 @@ change the agent made outside the allowlist, and the Python start-up hooks it le
 files: polar/tasks/suspicious.py) as `suspicious`, kept or not. Both are the cheap, always-on sign of a policy
 going for the verifier instead of the task.
 
-`read_beneath` (polar/tasks/agent_files.py, importable from here too) is how the host reads a file the agent
+`read_beneath` (polar/sandbox/agent_files.py, importable from here too) is how the host reads a file the agent
 may have shaped: one directory at a time by descriptor, never through a symlink, regular files only, size-capped.
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 from polar.sandbox import quota
 from polar.sandbox.identity import copy_without_privileges
 from polar.sandbox.runtime import Mounts
-from polar.tasks.agent_files import AgentFileError, AgentFileMissing, clear_path, read_beneath
+from polar.sandbox.agent_files import AgentFileError, AgentFileMissing, clear_path, read_beneath
 from polar.tasks.allow import apply_submission, shown
 from polar.tasks.suspicious import scan_changes
 from polar.tasks.task import LOGS_AT, TESTS_AT, TaskSpec

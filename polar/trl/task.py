@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from polar.tasks.agent_files import AgentFileError, read_beneath
+from polar.sandbox.agent_files import AgentFileError, read_beneath
 
 ADAPTER = Path(__file__).with_name("one-call.yaml")
 VOWELS = frozenset("aeiou")
