@@ -4,7 +4,7 @@ A case is one hack (or the task's honest fix) against one task in one runtime. E
 (polar/run/sample.py run_sample: the harness in its sandbox, the verifier in a fresh one) whose task instruction
 ends with a marker naming the case; the scripted policy (docs/reference-server.md) has one rule per marker, so a
 single reference server plays every case at once. A Harbor task's honest run is its oracle (solution/solve.sh,
-polar/tasks/oracle.py), with no harness.
+polar/scoring/oracle.py), with no harness.
 """
 from __future__ import annotations
 
@@ -186,7 +186,7 @@ class Runner:
             self.on_row(row)
 
     def _oracle(self, case: Case, folder: Path, start: float) -> Row:
-        from polar.tasks.oracle import run_oracle
+        from polar.scoring.oracle import run_oracle
 
         result = run_oracle(case.task, case.solve, case.runtime, folder)
         reward = result.evaluation.reward

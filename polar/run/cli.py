@@ -22,7 +22,7 @@ from polar.run.services import ROOT, ProxyHandle, ServiceError, running_proxy
 from polar.run.session import EngineConfig, RunConfig, run_session
 from polar.sandbox.runtime import RUNTIMES, SandboxError, names_oci_image, resolve_runtime
 from polar.sandbox.supervisor import supervising
-from polar.tasks.evaluate import EvaluatorCrash
+from polar.scoring.evaluate import EvaluatorCrash
 from polar.tasks.spec import TaskError, TaskSpec, load_tasks, refuse_online, select_task
 from polar_mitm.cli import engine_model_mismatch, tokenizer_problem
 from polar_mitm.sessions.sampling import add_sampling_args, sampling_from_args
@@ -241,10 +241,10 @@ def run_task(args: argparse.Namespace) -> int:
 
 
 def run_task_oracle(args: argparse.Namespace, task: TaskSpec) -> int:
-    """`polar run --task DIR --oracle`: the task's solution instead of a harness (polar/tasks/oracle.py); exit 0
+    """`polar run --task DIR --oracle`: the task's solution instead of a harness (polar/scoring/oracle.py); exit 0
     when it scores the task's top reward."""
     from polar.tasks.harbor import solution_of
-    from polar.tasks.oracle import run_oracle
+    from polar.scoring.oracle import run_oracle
     from polar.tasks.swe import gold_solution
 
     given = Path(args.task)

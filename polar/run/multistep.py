@@ -30,7 +30,7 @@ from polar.run.session import (HarnessSetup, copy_workspace, exec_harness, harne
 from polar.run.state import SampleState
 from polar.run.summary import WorkspaceTooLarge, changed_files, snapshot
 from polar.sandbox.runtime import Sandbox
-from polar.tasks.evaluation import script_failure
+from polar.scoring.evaluation import script_failure
 from polar.tasks.spec import TaskSpec
 from polar.tasks.steps import below_floor, put_step_files, step_session_id, step_task, task_reward, untouched_before
 

@@ -10,7 +10,7 @@ of the same node (the Celery workers do that); `run_sample` runs the four in a r
   evaluate_sample(out)                        the agent's sandbox stopped, then the evaluator on a copy of the
                                               final workspace with the task's tests (skipped after a failure
                                               or an agent timeout), once it was seen to produce a reward on
-                                              the untouched workspace (polar/tasks/precheck.py)
+                                              the untouched workspace (polar/scoring/precheck.py)
   postrun_sample(out) -> SampleResult         trajectories.parquet (atomic), session unregistered, sandbox
                                               stopped, result.json
 None raises for a harness, sandbox or evaluator failure: that becomes status/failure/reason (polar_traj's
@@ -44,12 +44,12 @@ from polar.sandbox import quota, supervisor
 from polar.sandbox.occupancy import occupying
 from polar.sandbox.runtime import Mounts, Sandbox, get_runtime, resolve_runtime
 from polar.tasks.artifacts import keep_artifacts
-from polar.tasks.evaluate import Evaluation, EvaluatorCrash, evaluate
-from polar.tasks.evaluation import script_failure
+from polar.scoring.evaluate import Evaluation, EvaluatorCrash, evaluate
+from polar.scoring.evaluation import script_failure
 from polar.tasks.image_task import resolve_image_task
-from polar.tasks.precheck import check_verifier
+from polar.scoring.precheck import check_verifier
 from polar.tasks.spec import TaskSpec
-from polar.tasks.verify import prepare_verify
+from polar.scoring.verify import prepare_verify
 from polar_traj import atomic
 from polar_traj.capture_reader import read_capture
 from polar_traj.records import check_id
@@ -219,7 +219,7 @@ def run_harness(sample_dir: Path) -> None:
 
 
 def evaluate_sample(sample_dir: Path) -> None:
-    """The task's evaluator where the agent never was (polar/tasks/verify.py): the agent's sandbox stopped and its
+    """The task's evaluator where the agent never was (polar/scoring/verify.py): the agent's sandbox stopped and its
     token ended first, the task's artifacts kept, then a fresh sandbox over a copy of the final workspace with the
     task's tests. Never raises: what goes wrong here that the workspace did not cause is the sample's
     infrastructure failing."""
@@ -256,7 +256,7 @@ def _verify(state: SampleState, out: Path) -> None:
 def _verify_on(state: SampleState, task: TaskSpec, before: dict[str, str], after: dict[str, str], where: Path,
                changed: dict[str, list[str]]) -> None:
     """`task`'s verifier on the ground built from the sample's workspace now (`before`/`after`: its snapshots,
-    polar/tasks/verify.py), in a fresh sandbox, its output in `where`; sets the evaluation, or the failure."""
+    polar/scoring/verify.py), in a fresh sandbox, its output in `where`; sets the evaluation, or the failure."""
     out, spec = state.out, task.evaluator
     summary = {"sample_id": state.sample_id, "group_id": state.group_id, "adapter": state.adapter,
                "exit_code": state.exit_code, "timed_out": state.timed_out, "task_id": task.task_id,

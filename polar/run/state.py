@@ -54,10 +54,10 @@ class SampleState:
     outcome: Outcome | None = None
     exit_code: int | None = None
     timed_out: bool = False
-    evaluation: dict[str, Any] | None = None  # polar.tasks.evaluate's result, or the crash
+    evaluation: dict[str, Any] | None = None  # polar.scoring.evaluate's result, or the crash
     verify_instance: str | None = None  # the verifier's own sandbox, once it runs
-    tampered: list[str] = field(default_factory=list)  # polar.tasks.verify: what the agent did to the verifier
-    suspicious: list[str] = field(default_factory=list)  # polar.tasks.suspicious and the observer's flags
+    tampered: list[str] = field(default_factory=list)  # polar.scoring.verify: what the agent did to the verifier
+    suspicious: list[str] = field(default_factory=list)  # polar.scoring.suspicious and the observer's flags
     timings: dict[str, float] = field(default_factory=dict)
     cleaned: dict[str, bool] = field(default_factory=dict)  # session, sandbox: done by cleanup
     cleanup_errors: list[str] = field(default_factory=list)

@@ -6,7 +6,7 @@ workspace starts as a copy of the image's own files there:
   workdir files   copied out of the image once per image id and workdir (`create` + `cp` through the container
                   engine, no container started) into the cache, POLAR_IMAGE_CACHE (default
                   ~/.cache/polar/images/<image id>/workdir-<hash>/); each sample's workspace is a fresh copy of
-                  that folder, which is also the pristine workspace its verifier starts from (polar/tasks/allow.py)
+                  that folder, which is also the pristine workspace its verifier starts from (polar/scoring/allow.py)
   root filesystem for the Apptainer runtime: an OCI image (a tag, or a Harbor Dockerfile the engine built) is
                   exported once per image id to <cache>/<image id>/rootfs/, which Apptainer runs as a sandbox
                   directory; an export keeps files only, so the image's ENV comes along as the task's variables

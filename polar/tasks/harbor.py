@@ -22,11 +22,11 @@ read as Harbor reads them into our TaskSpec.
                   there (polar/sandbox/image_files.py). environment/workspace/, when there, seeds the workspace
                   instead (a Polar addition)
   tests/          test.sh and what it needs: staged read-only at /tests of the verify sandbox only, after the agent
-                  finished; its pytest files are first run by Polar's observer (polar/tasks/harbor_observe.py);
+                  finished; its pytest files are first run by Polar's observer (polar/scoring/harbor_observe.py);
                   it writes /logs/verifier/reward.txt (a number) or reward.json ({"reward": main, extras...})
   solution/       solve.sh, never shown to the agent; `polar run --task DIR --oracle` runs it instead of a harness
   [polar] submit  (a Polar addition) workspace globs of NEW files the agent's work may add; the files the
-                  workspace held before the run may always be changed or deleted (polar/tasks/allow.py)
+                  workspace held before the run may always be changed or deleted (polar/scoring/allow.py)
 
 The task id is the directory's name. The task directory and each of its folders and files Polar uses must resolve
 under the tasks root (polar/tasks/roots.py): a link out of it (`environment/workspace -> /home/me`) is refused.

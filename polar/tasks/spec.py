@@ -5,10 +5,10 @@ Each task: task_id, instruction, workspace (a directory or a .tar.gz, copied int
 Apptainer SIF or sandbox directory, an OCI image for the docker runtime, or `host` for the local/bwrap runtimes),
 adapter (optional: the batch's default otherwise), evaluator, timeout_s (the agent's budget), session_timeout_s
 (the whole sample), metadata (free-form, carried into the trajectory table); for verification
-(polar/tasks/verify.py): tests (a directory staged over the verify workspace, never shown to the agent),
+(polar/scoring/verify.py): tests (a directory staged over the verify workspace, never shown to the agent),
 protected (workspace globs the agent may never change), submit (what the agent's work may contribute: workspace
 globs, or {files, existing, binary}; none: the files the workspace already has, with one warning line; see
-polar/tasks/allow.py), reward_range (default [0, 1]); max_calls (the session's LLM call cap). Relative paths
+polar/scoring/allow.py), reward_range (default [0, 1]); max_calls (the session's LLM call cap). Relative paths
 are relative to the task file, and every path must resolve under the tasks root (polar/tasks/roots.py).
 Every error is one line: "FILE:LINE: FIELD: problem".
 """
@@ -272,7 +272,7 @@ def _submit(value: Any, where: _Where) -> Submit | None:
 
 def _check_test_files(files: tuple[str, ...], tests: Path | None, where: _Where) -> None:
     """A pytest evaluator's files are the task's own: under `tests:`, each holding at least one test."""
-    from polar.tasks.observer import expected_tests  # lazy: ast only, but keeps spec.py's imports small
+    from polar.scoring.observer import expected_tests  # lazy: ast only, but keeps spec.py's imports small
 
     if tests is None:
         raise where.fail("evaluator.pytest", "a pytest evaluator runs the task's own test files: set `tests:`")

@@ -4,10 +4,10 @@ the sample's.
 A step is run as a task of its own on the workspace the steps before it left (polar/run/sample.py): `step_task`
 is the task as step `i` sees it. Its pristine workspace, the ground its verifier stands on, is the task's own
 files and the files the steps so far shipped (steps/<name>/workdir/), never what the agent made in an earlier
-step: the agent's work comes in only through the allowlist, at every step (polar/tasks/allow.py). Its tests are
+step: the agent's work comes in only through the allowlist, at every step (polar/scoring/allow.py). Its tests are
 the task's tests/ with the step's tests/ over them. Both are built once per content in a cache
 (POLAR_STEP_CACHE, default ~/.cache/polar/steps/), so every sample of a node shares them and the verifier
-pre-check (polar/tasks/precheck.py) runs once per step, not per sample.
+pre-check (polar/scoring/precheck.py) runs once per step, not per sample.
 
 The sample's reward is the steps' mean (a step that did not run counts 0) or the final step's (0 when the task
 stopped before it): Harbor's multi_step_reward_strategy. A step whose reward is below its `min_reward` stops the
@@ -27,7 +27,7 @@ from typing import Any, Mapping
 
 from polar.sandbox.identity import copy_without_privileges
 from polar.sandbox.agent_files import put_beneath
-from polar.tasks.allow import pristine
+from polar.scoring.allow import pristine
 from polar.tasks.task import SETUP_SCRIPT, StepSpec, TaskSpec
 
 CACHE_ENV = "POLAR_STEP_CACHE"
@@ -101,7 +101,7 @@ def task_reward(strategy: str, rewards: list[float | None], steps: int) -> float
 
 def untouched_before(starts: list[dict[str, str]], ends: list[dict[str, str]], after: dict[str, str]
                      ) -> dict[str, str]:
-    """A `before` snapshot for polar.tasks.verify.prepare_verify over several steps: the paths that were not the
+    """A `before` snapshot for polar.scoring.verify.prepare_verify over several steps: the paths that were not the
     agent's doing. `starts[j]` is the workspace as step j's harness started, `ends[j]` as it ended. A path the host
     changed before step j's harness (its files, its setup.sh, the harness's own config) and that is alike at the
     end was not the agent's; a path the agent changed in an earlier step stays the agent's."""

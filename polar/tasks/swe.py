@@ -11,9 +11,9 @@ the tasks root): nothing is fetched. Each instance becomes a task:
               base_commit with the test patch applied: staged over the verify workspace, so the agent's version of
               them never counts (the test patch is applied by construction)
   evaluator   pytest on exactly the FAIL_TO_PASS and PASS_TO_PASS ids, under Polar's runner
-              (polar/tasks/observer.py): reward 1 only when every one of them passed, per test
+              (polar/scoring/observer.py): reward 1 only when every one of them passed, per test
   submit      the repository's files may change or go; new files only where the instance's optional `submit`
-              (workspace globs) says, none by default (polar/tasks/allow.py)
+              (workspace globs) says, none by default (polar/scoring/allow.py)
 `problem_statement` is the instruction. Every error is one line naming the file, the line and the field.
 """
 from __future__ import annotations

@@ -25,7 +25,7 @@ class TaskError(ValueError):
 
 @dataclass(frozen=True)
 class Submit:
-    """What the agent's work may contribute to verification (polar/tasks/allow.py, docs/tasks.md "submit").
+    """What the agent's work may contribute to verification (polar/scoring/allow.py, docs/tasks.md "submit").
     Every other change it made is dropped before the verifier runs, and named in `tampered`."""
 
     globs: tuple[str, ...] = ()  # workspace globs (the syntax of `protected`) the agent may add, change, delete
@@ -47,7 +47,7 @@ DEFAULT_SUBMIT = Submit(existing=True)  # a task without `submit:`: edit the fil
 
 @dataclass(frozen=True)
 class EvaluatorSpec:
-    """How a finished sample is scored (polar/tasks/evaluate.py)."""
+    """How a finished sample is scored (polar/scoring/evaluate.py)."""
 
     kind: str  # command | files | python | pytest | harbor (a Harbor task's tests/test.sh, polar/tasks/harbor.py)
     command: str | None = None  # kind command: a shell line, run in the sandbox's workspace
@@ -56,7 +56,7 @@ class EvaluatorSpec:
     files: Mapping[str, str | None] = field(default_factory=lambda: MappingProxyType({}))  # path -> text|None
     python: str | None = None  # kind python: module:function(workspace: Path, summary: dict) -> float|dict
     timeout_s: float = DEFAULT_EVAL_TIMEOUT_S
-    pytest: tuple[str, ...] = ()  # kind pytest: the task's test files, relative to `tests:` (polar/tasks/observer.py)
+    pytest: tuple[str, ...] = ()  # kind pytest: the task's test files, relative to `tests:` (polar/scoring/observer.py)
     env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))  # the verifier's own variables
 
     def to_dict(self) -> dict[str, Any]:

@@ -45,7 +45,7 @@ TASKS = {
               "evaluator": {"command": "test $(wc -l < count.txt) -eq 3", "timeout_s": 30}, "submit": ["count.txt"]},
     "exit127": {"instruction": "Break the verifier.", "submit": ["answer.py"],
                 # the scorer imports the agent's answer.py, which exits 127
-                # prints 0 first: on the untouched workspace (no answer.py) that is its reward (polar/tasks/precheck.py)
+                # prints 0 first: on the untouched workspace (no answer.py) that is its reward (polar/scoring/precheck.py)
                 "evaluator": {"command": "python3 -I -c 'import sys; print(0); sys.path.insert(0, \".\"); import answer'",
                               "reward": "stdout", "timeout_s": 30}},
 }

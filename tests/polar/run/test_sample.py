@@ -2,7 +2,7 @@
 the node CLI pi) in real Apptainer through the real proxy and reference server; an agent timeout; a missing
 image; a crashing evaluator; a rootless run as `nobody`. Each checks the status, reward and weight of the result
 and of the trajectory rows in Parquet. A policy that does not fix the bug scores 0 through `polar run --task` in
-tests/polar/run/test_docker_sample.py (and, hacking, in Apptainer: tests/polar/tasks/test_reward_hacks.py)."""
+tests/polar/run/test_docker_sample.py (and, hacking, in Apptainer: tests/polar/scoring/test_reward_hacks.py)."""
 from __future__ import annotations
 
 import dataclasses
@@ -54,7 +54,7 @@ def fixed(tmp_path_factory, start_reference_server, policies_dir, long_model, re
     tmp = tmp_path_factory.mktemp("samples")
     tasks = load_tasks(DEMO)
     crash = dataclasses.replace(tasks[0], task_id="fix-calc-crash",
-                                evaluator=EvaluatorSpec("python", python="tests.polar.tasks.task_evaluators:no_number"))
+                                evaluator=EvaluatorSpec("python", python="tests.polar.scoring.task_evaluators:no_number"))
     no_image = dataclasses.replace(tasks[1], task_id="fix-greet-no-image", image=str(tmp / "no-such-image"))
     configs = {(t.task_id, a): sample(t, a, tmp) for t in tasks for a in HARNESSES}
     configs[("crash", "pi")] = sample(crash, "pi", tmp)
@@ -281,7 +281,7 @@ def run_with_policy(tmp_path: Path, task, command: str, start_reference_server, 
                     ) -> tuple[SampleConfig, SampleResult, Watch]:
     """One sample of `task` with pi in Apptainer, whose policy runs `command` and then says "Done."; it must
     complete with `reward`."""
-    from tests.polar.tasks.test_reward_hacks import one_command_policy
+    from tests.polar.scoring.test_reward_hacks import one_command_policy
 
     demo_image()
     policy = tmp_path / f"{name}.yaml"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from polar.tasks.oracle import run_oracle
+from polar.scoring.oracle import run_oracle
 from polar.tasks.spec import TaskError, load_tasks
 from tests.polar.tasks.test_harbor import polar
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from polar.tasks.harbor import solution_of
-from polar.tasks.oracle import run_oracle
+from polar.scoring.oracle import run_oracle
 from polar.tasks.spec import load_tasks
 from tests.polar.sandbox.test_docker import require_engine
 

@@ -4,7 +4,7 @@ test.sh runs the task's tests and writes /logs/verifier/reward.*; the agent's co
 the same sandbox, as the same user, inside test.sh's process tree: it can end pytest with status 0 before any
 test ran, or write the reward file itself. No rule about reward files can tell such a file from test.sh's own.
 So when the task's tests are pytest files, Polar first runs them itself, as the first process of the fresh
-verify sandbox, under its trusted runner (polar/tasks/observe_child.py: a channel opened before any workspace
+verify sandbox, under its trusted runner (polar/scoring/observe_child.py: a channel opened before any workspace
 code runs, pytest's internals watched, the read-only /tests as rootdir and conftest boundary), with the expected
 test ids read here from the task's own files; test.sh runs after it. test.sh's reward is then capped at the
 share of those tests the observer saw pass, and is 0 with the observer's flags when the run looks forged.
@@ -46,9 +46,9 @@ def pytest_files(tests: Path) -> list[str]:
 
 def observe(sandbox: Sandbox, mounts: Mounts, out: Path, timeout_s: float, task_vars: Mapping[str, str] = {}
             ) -> Observation:
-    from polar.tasks.evaluation import task_env
-    from polar.tasks.observed import EMPTY_INI, RUNNER, runner_folder
-    from polar.tasks.observer import Channel, expected_tests, judge
+    from polar.scoring.evaluation import task_env
+    from polar.scoring.observed import EMPTY_INI, RUNNER, runner_folder
+    from polar.scoring.observer import Channel, expected_tests, judge
 
     tests = next(src for src, dst in mounts.ro_binds if dst == TESTS_AT)
     files = pytest_files(tests)

@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 from polar.sandbox.agent_files import AgentFileError, read_beneath
-from polar.tasks.allow import FILE_LIMIT, NEVER_NAMES, NEVER_SUFFIXES, Submission
+from polar.scoring.allow import FILE_LIMIT, NEVER_NAMES, NEVER_SUFFIXES, Submission
 
 SCAN_TOTAL = 32 << 20  # bytes of changed files read in all (one file: up to allow.FILE_LIMIT, larger is dropped)
 SCANNED = 200  # changed files read at most

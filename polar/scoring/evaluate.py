@@ -1,16 +1,16 @@
 """Evaluators: turn a finished sample into a reward (spec: polar/tasks/spec.py EvaluatorSpec, docs/tasks.md).
 
-They run on the verify ground (polar/tasks/verify.py): a fresh sandbox over a copy of the final workspace with
+They run on the verify ground (polar/scoring/verify.py): a fresh sandbox over a copy of the final workspace with
 the task's tests staged and a fresh HOME, never where the agent ran.
   command  a shell line run in that sandbox, in the workspace copy, with its own timeout: reward 1.0 for exit 0
            else 0.0, or the float on the last line of stdout (`reward: stdout`) or in the workspace file
            `reward_file` (`reward: file`, read on the host without following links)
   files    expected paths (relative to the workspace) and contents (null: must exist): 1.0 when all match
   python   `module:function(workspace: Path, summary: dict)` -> float or {"reward": float, "output": str},
-           run INSIDE that sandbox by Polar's runner (polar/tasks/observe_child.py) with the image's python3,
+           run INSIDE that sandbox by Polar's runner (polar/scoring/observe_child.py) with the image's python3,
            the module and the .py files beside it copied in, the workspace off sys.path; never in a host process
   pytest   the task's own test files under Polar's runner and plugin; the reward from per-test outcomes it
-           reports over a socket, judged against the ids taken from the files here (polar/tasks/observer.py)
+           reports over a socket, judged against the ids taken from the files here (polar/scoring/observer.py)
   harbor   a Harbor task's `bash /tests/test.sh` in that sandbox; the reward from /logs/verifier/reward.txt or
            reward.json (polar/tasks/harbor.py), none = 0
 
@@ -33,7 +33,7 @@ from typing import Any
 
 from polar.sandbox.runtime import ExecResult, Mounts, Sandbox
 from polar.sandbox.agent_files import AgentFileError, AgentFileMissing, read_beneath
-from polar.tasks.evaluation import (OUTPUT_LIMIT, Evaluation, EvaluatorCrash, read_tail, task_env,
+from polar.scoring.evaluation import (OUTPUT_LIMIT, Evaluation, EvaluatorCrash, read_tail, task_env,
                                    verifier_timeout)
 from polar.tasks.spec import DEFAULT_REWARD_RANGE, EvaluatorSpec
 
@@ -50,7 +50,7 @@ def evaluate(spec: EvaluatorSpec, sandbox: Sandbox, mounts: Mounts, out: Path, s
     elif spec.kind == "files":
         result = _files(spec, mounts.workspace)
     else:
-        from polar.tasks.observed import run_pytest, run_python  # lazy: the observer's socket machinery
+        from polar.scoring.observed import run_pytest, run_python  # lazy: the observer's socket machinery
 
         run = run_pytest if spec.kind == "pytest" else run_python
         result = run(spec, sandbox, mounts, out, summary, timeout_s)
@@ -102,11 +102,11 @@ def _command(spec: EvaluatorSpec, sandbox: Sandbox, mounts: Mounts, out: Path, t
 def _harbor(spec: EvaluatorSpec, sandbox: Sandbox, mounts: Mounts, out: Path, timeout_s: float) -> Evaluation:
     """A Harbor task's tests/test.sh at the read-only /tests; its reward from /logs/verifier (polar/tasks/harbor.py),
     which Polar made empty. First, as the fresh sandbox's first process, Polar's observer runs the task's pytest
-    files (polar/tasks/harbor_observe.py): test.sh's reward is capped at the share of tests it saw pass. No
+    files (polar/scoring/harbor_observe.py): test.sh's reward is capped at the share of tests it saw pass. No
     reward file is 0 (`pytest && echo 1 > reward.txt`: the tests failed); a malformed, linked, doubled or
     out-of-range one is the workspace's 0, flagged; no reward at all on the untouched workspace (precheck)."""
     from polar.tasks.harbor import TEST_COMMAND, read_reward
-    from polar.tasks.harbor_observe import observe
+    from polar.scoring.harbor_observe import observe
     from polar.tasks.task import LOGS_AT
 
     logs = next(src for src, dst in mounts.binds if dst == LOGS_AT)
@@ -157,7 +157,7 @@ def _clear_logs(logs: Path) -> list[str]:
                 os.unlink(name, dir_fd=fd)
     finally:
         os.close(fd)
-    from polar.tasks.allow import shown  # a name that is not UTF-8, escaped
+    from polar.scoring.allow import shown  # a name that is not UTF-8, escaped
 
     return [f"harbor: /logs/verifier/{shown(n)} written while Polar's observer ran the tests" for n in names]
 

@@ -1,5 +1,5 @@
 """`polar run --task DIR --oracle`: a Harbor task's solution/solve.sh instead of a harness, then the task's own
-verifier as for a sample (polar/tasks/verify.py): whether the task is solvable (reward 1 expected).
+verifier as for a sample (polar/scoring/verify.py): whether the task is solvable (reward 1 expected).
 
 solve.sh runs in a sandbox of the task's image over a fresh copy of the task's workspace, with the solution
 folder at /solution (where Harbor puts it) and no network; no LLM is involved. Its exit code and the reward are
@@ -16,13 +16,13 @@ from typing import Any
 
 from polar.sandbox.identity import copy_without_privileges
 from polar.sandbox.runtime import Mounts, Sandbox, get_runtime, resolve_runtime
-from polar.tasks.evaluate import Evaluation, EvaluatorCrash, evaluate, task_env
-from polar.tasks.evaluation import script_failure
+from polar.scoring.evaluate import Evaluation, EvaluatorCrash, evaluate, task_env
+from polar.scoring.evaluation import script_failure
 from polar.tasks.image_task import resolve_image_task
-from polar.tasks.precheck import pristine
+from polar.scoring.precheck import pristine
 from polar.tasks.steps import below_floor, put_step_files, step_task, task_reward
 from polar.tasks.task import SOLUTION_AT, TaskSpec
-from polar.tasks.verify import prepare_verify
+from polar.scoring.verify import prepare_verify
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The verify ground (polar/tasks/verify.py): the task's pristine workspace with only the agent's allowed changes,
+"""The verify ground (polar/scoring/verify.py): the task's pristine workspace with only the agent's allowed changes,
 the task's tests staged, a fresh HOME, every other change dropped and named; host reads that never follow a
 link."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 from polar.run.summary import snapshot
 from polar.tasks.spec import load_tasks
 from polar.tasks.task import Submit
-from polar.tasks.verify import AgentFileError, AgentFileMissing, home_hooks, prepare_verify, read_beneath
+from polar.scoring.verify import AgentFileError, AgentFileMissing, home_hooks, prepare_verify, read_beneath
 
 ROOT = Path(__file__).resolve().parents[3]
 DEMO = ROOT / "fixtures" / "tasks" / "tasks.yaml"

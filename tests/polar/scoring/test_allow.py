@@ -1,4 +1,4 @@
-"""The allowlist (polar/tasks/allow.py) and the suspicious-change scan (polar/tasks/suspicious.py): what of the
+"""The allowlist (polar/scoring/allow.py) and the suspicious-change scan (polar/scoring/suspicious.py): what of the
 agent's final workspace reaches the verifier, and what is named."""
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from polar.tasks.allow import apply_submission
+from polar.scoring.allow import apply_submission
 from polar.tasks.spec import EvaluatorSpec
-from polar.tasks.suspicious import scan_changes
+from polar.scoring.suspicious import scan_changes
 from polar.tasks.task import Submit, TaskSpec
 
 

@@ -1,5 +1,5 @@
 """The verifier is checked before it is trusted: once per task, image and runtime in a process, the task's
-evaluator runs on the untouched workspace, in a verify sandbox built as for a sample (polar/tasks/verify.py).
+evaluator runs on the untouched workspace, in a verify sandbox built as for a sample (polar/scoring/verify.py).
 
 An untouched workspace usually scores 0 (the bug is not fixed yet): that is fine, a reward was produced. A
 verifier that cannot produce one at all is not: its tool missing (`/usr/bin/python3: No module named pytest`),
@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from polar.sandbox.runtime import get_runtime
-from polar.tasks.allow import pristine
-from polar.tasks.evaluate import Evaluation, EvaluatorCrash, evaluate
+from polar.scoring.allow import pristine
+from polar.scoring.evaluate import Evaluation, EvaluatorCrash, evaluate
 from polar.tasks.spec import TaskSpec
-from polar.tasks.verify import prepare_verify
+from polar.scoring.verify import prepare_verify
 
 # `python -m TOOL` without TOOL, or a script that is not there: the verifier's environment, not the workspace.
 MISSING_TOOL = re.compile(r"^\S*python[\w.]*: (No module named \S+|can't open file .*)$", re.M)

@@ -33,7 +33,7 @@ class Evaluation:
     reward: float
     output: str  # what the evaluator printed (stdout then stderr), or a description of the check
     exit_code: int | None = None
-    unscored: str | None = None  # why the reward is a default 0: the verifier gave none (polar/tasks/precheck.py)
+    unscored: str | None = None  # why the reward is a default 0: the verifier gave none (polar/scoring/precheck.py)
     rewards: dict[str, float] | None = None  # a Harbor reward.json: the main reward and its named extras
     flagged: tuple[str, ...] = ()  # the observer's: why the run looks forged (reward 0; the sample's `suspicious`)
 

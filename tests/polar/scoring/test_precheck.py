@@ -1,4 +1,4 @@
-"""The verifier is checked before it is trusted (polar/tasks/precheck.py): on the untouched workspace in a bwrap
+"""The verifier is checked before it is trusted (polar/scoring/precheck.py): on the untouched workspace in a bwrap
 verify sandbox of the host; a verifier that produces no reward at all makes the task's samples infrastructure
 errors (end to end through `polar run --task`), never a silent 0."""
 from __future__ import annotations
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from polar.tasks import precheck
-from polar.tasks.evaluate import Evaluation
-from polar.tasks.precheck import check_verifier, unscorable
+from polar.scoring import precheck
+from polar.scoring.evaluate import Evaluation
+from polar.scoring.precheck import check_verifier, unscorable
 from polar.tasks.spec import EvaluatorSpec, TaskSpec
 
 ROOT = Path(__file__).resolve().parents[3]

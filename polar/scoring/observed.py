@@ -1,5 +1,5 @@
-"""The evaluators that run Polar's runner in the verify sandbox (polar/tasks/observe_child.py): `pytest` (per-test
-outcomes judged by polar/tasks/observer.py) and `python` (a task's scoring function, never in a host process).
+"""The evaluators that run Polar's runner in the verify sandbox (polar/scoring/observe_child.py): `pytest` (per-test
+outcomes judged by polar/scoring/observer.py) and `python` (a task's scoring function, never in a host process).
 
 The runner, the channel's socket and (python) the evaluator's module go to a fresh `observer/` folder of the
 verify ground's shared directory, which every runtime binds at the same path; the first process in that fresh
@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from polar.sandbox.runtime import Mounts, Sandbox
-from polar.tasks import observe_child
-from polar.tasks.evaluation import OUTPUT_LIMIT, Evaluation, EvaluatorCrash, read_tail, task_env, verifier_timeout
-from polar.tasks.observer import Channel, Records, expected_tests, judge
+from polar.scoring import observe_child
+from polar.scoring.evaluation import OUTPUT_LIMIT, Evaluation, EvaluatorCrash, read_tail, task_env, verifier_timeout
+from polar.scoring.observer import Channel, Records, expected_tests, judge
 from polar.tasks.spec import EvaluatorSpec
 from polar.sandbox.agent_files import AgentFileError, read_beneath
 
@@ -61,7 +61,7 @@ def run_pytest(spec: EvaluatorSpec, sandbox: Sandbox, mounts: Mounts, out: Path,
     for rel in spec.pytest:  # a file's tests, or one test by its id (an SWE instance's, polar/tasks/swe.py)
         expected += [rel.partition("[")[0]] if "::" in rel else expected_tests(mounts.workspace, rel)
     folder = runner_folder(mounts)
-    ini = mounts.workspace / "pytest.ini"  # the task's own (never taken from the agent: polar/tasks/allow.py)
+    ini = mounts.workspace / "pytest.ini"  # the task's own (never taken from the agent: polar/scoring/allow.py)
     try:
         read_beneath(mounts.workspace, "pytest.ini")
     except AgentFileError:

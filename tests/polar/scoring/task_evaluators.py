@@ -1,4 +1,4 @@
-"""Python evaluators for the task tests (`python: tests.polar.tasks.task_evaluators:NAME`)."""
+"""Python evaluators for the task tests (`python: tests.polar.scoring.task_evaluators:NAME`)."""
 from __future__ import annotations
 
 from pathlib import Path

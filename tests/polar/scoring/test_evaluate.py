@@ -1,4 +1,4 @@
-"""Evaluators (polar/tasks/evaluate.py) in a real Apptainer sandbox of the demo image: exit status, stdout and file
+"""Evaluators (polar/scoring/evaluate.py) in a real Apptainer sandbox of the demo image: exit status, stdout and file
 rewards, expected files, python verifiers; whatever cannot give a reward raises EvaluatorCrash."""
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from typing import Iterator
 
 import pytest
 
-from polar.tasks import evaluate as evaluate_mod
-from polar.tasks import evaluation
-from polar.tasks.evaluate import EvaluatorCrash, evaluate
+from polar.scoring import evaluate as evaluate_mod
+from polar.scoring import evaluation
+from polar.scoring.evaluate import EvaluatorCrash, evaluate
 from polar.sandbox.runtime import Mounts, get_runtime
 from polar.tasks.spec import EvaluatorSpec
 from tests.polar.sandbox.test_apptainer import demo_image
@@ -58,12 +58,12 @@ def test_reward_from_stdout_and_file(box, tmp_path) -> None:
     (EvaluatorSpec("command", command="true", reward="file", reward_file="none.txt"), "no none.txt"),
     (EvaluatorSpec("command", command="no-such-verifier --run"), None),  # exit 127: reward exit says 0
     (EvaluatorSpec("command", command="exit 127", reward="stdout"), "exited 127"),
-    (EvaluatorSpec("python", python="tests.polar.tasks.task_evaluators:crash"), "raised on the workspace"),
+    (EvaluatorSpec("python", python="tests.polar.scoring.task_evaluators:crash"), "raised on the workspace"),
     # a reward out of range or not finite, where the workspace's code could have put it (issue 40 item 5)
     (EvaluatorSpec("command", command="echo 1e308", reward="stdout"), r"reward 1e+308 is outside"),
     (EvaluatorSpec("command", command="echo nan", reward="stdout"), "reward nan is outside"),
     (EvaluatorSpec("command", command="echo 32768 > r.txt", reward="file", reward_file="r.txt"), "reward 32768.0 is"),
-    (EvaluatorSpec("python", python="tests.polar.tasks.task_evaluators:seven"), "reward 7.0 is outside"),
+    (EvaluatorSpec("python", python="tests.polar.scoring.task_evaluators:seven"), "reward 7.0 is outside"),
 ])
 def test_the_workspaces_failures_score_zero(box, tmp_path, spec: EvaluatorSpec, why: str | None) -> None:
     """What the workspace caused is a reward of 0, never a crash the agent could choose to be masked by."""
@@ -75,8 +75,8 @@ def test_the_workspaces_failures_score_zero(box, tmp_path, spec: EvaluatorSpec, 
 
 @pytest.mark.parametrize("spec,message", [
     (EvaluatorSpec("python", python="tests.polar.no_such_module:score"), "No module named"),
-    (EvaluatorSpec("python", python="tests.polar.tasks.task_evaluators:no_such_function"), "no_such_function"),
-    (EvaluatorSpec("python", python="tests.polar.tasks.task_evaluators:no_number"), "expected a finite number"),
+    (EvaluatorSpec("python", python="tests.polar.scoring.task_evaluators:no_such_function"), "no_such_function"),
+    (EvaluatorSpec("python", python="tests.polar.scoring.task_evaluators:no_number"), "expected a finite number"),
 ])
 def test_the_verifiers_own_failures_crash(box, tmp_path, spec: EvaluatorSpec, message: str) -> None:
     with pytest.raises(EvaluatorCrash, match=message):
@@ -134,7 +134,7 @@ def test_expected_files(box, tmp_path) -> None:
 
 
 def test_python_verifier_gets_workspace_and_summary(box, tmp_path) -> None:
-    result = score(box, EvaluatorSpec("python", python="tests.polar.tasks.task_evaluators:half"), tmp_path)
+    result = score(box, EvaluatorSpec("python", python="tests.polar.scoring.task_evaluators:half"), tmp_path)
     assert result.reward == 0.5 and "'answer.txt'" in result.output and " t1" in result.output
 
 
@@ -143,7 +143,7 @@ def test_python_verifier_runs_in_the_sandbox_not_as_root(box, tmp_path) -> None:
     uid 0), with the workspace off sys.path, so a workspace module named like one it imports is never run."""
     (box.mounts.workspace / "json.py").write_text("import os\nos._exit(0)\n")
     try:
-        result = score(box, EvaluatorSpec("python", python="tests.polar.tasks.task_evaluators:where"), tmp_path)
+        result = score(box, EvaluatorSpec("python", python="tests.polar.scoring.task_evaluators:where"), tmp_path)
     finally:
         (box.mounts.workspace / "json.py").unlink()
     host_init = Path("/proc/1/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:60]

@@ -6,7 +6,7 @@ The channel is a unix socket in a fresh folder of the verify ground's `shared` d
 binds at the same path (bwrap, Apptainer, docker/podman: the proxy's sockets already cross it). An inherited pipe
 would not: `podman exec` / `docker exec` start the process from the engine, not from us. The parent listens,
 accepts exactly one connection and closes the listener: the first process in a fresh verify sandbox is Polar's
-runner (polar/tasks/observe_child.py), which connects before importing pytest, so a later connection (workspace
+runner (polar/scoring/observe_child.py), which connects before importing pytest, so a later connection (workspace
 code's) finds nobody. The parent then sends a random nonce that the runner keeps in a closure; every record
 carries it and a sequence number, so bytes the workspace writes into the channel blindly are caught.
 

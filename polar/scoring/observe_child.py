@@ -1,4 +1,4 @@
-"""Polar's runner inside the verify sandbox (polar/tasks/observer.py starts it; stdlib and pytest only, never
+"""Polar's runner inside the verify sandbox (polar/scoring/observer.py starts it; stdlib and pytest only, never
 imported by the host). It connects to the parent's socket and receives a nonce **before** anything of the
 workspace can run, then:
 

@@ -2,11 +2,11 @@
 decide its reward.
 
 After the harness exited and its sandbox is gone, `prepare_verify` builds `<sample>/verify/`: the task's
-**pristine** workspace with only the agent's allowed changes applied (`submit:`, polar/tasks/allow.py), the
+**pristine** workspace with only the agent's allowed changes applied (`submit:`, polar/scoring/allow.py), the
 task's own `tests:` staged over it, and a fresh HOME. The evaluator then runs there, in a new sandbox. Every
 change the agent made outside the allowlist, and the Python start-up hooks it left in its HOME, come back as
 `tampered`; changes that reach for the verifier (process exit, atexit, pytest internals, import hooks, compiled
-files: polar/tasks/suspicious.py) as `suspicious`, kept or not. Both are the cheap, always-on sign of a policy
+files: polar/scoring/suspicious.py) as `suspicious`, kept or not. Both are the cheap, always-on sign of a policy
 going for the verifier instead of the task.
 
 `read_beneath` (polar/sandbox/agent_files.py, importable from here too) is how the host reads a file the agent
@@ -23,8 +23,8 @@ from polar.sandbox import quota
 from polar.sandbox.identity import copy_without_privileges
 from polar.sandbox.runtime import Mounts
 from polar.sandbox.agent_files import AgentFileError, AgentFileMissing, clear_path, read_beneath
-from polar.tasks.allow import apply_submission, shown
-from polar.tasks.suspicious import scan_changes
+from polar.scoring.allow import apply_submission, shown
+from polar.scoring.suspicious import scan_changes
 from polar.tasks.task import LOGS_AT, TESTS_AT, TaskSpec
 
 __all__ = ["AgentFileError", "AgentFileMissing", "VerifyGround", "home_hooks", "prepare_verify", "read_beneath"]

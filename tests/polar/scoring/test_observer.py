@@ -13,11 +13,11 @@ import pytest
 
 from polar.run.summary import snapshot
 from polar.sandbox.runtime import get_runtime
-from polar.tasks.evaluate import Evaluation, evaluate
-from polar.tasks.observer import Records, expected_tests, judge
+from polar.scoring.evaluate import Evaluation, evaluate
+from polar.scoring.observer import Records, expected_tests, judge
 from polar.tasks.spec import load_tasks
 from polar.tasks.task import Submit, TaskSpec
-from polar.tasks.verify import VerifyGround, prepare_verify
+from polar.scoring.verify import VerifyGround, prepare_verify
 
 ROOT = Path(__file__).resolve().parents[3]
 DEMO = ROOT / "fixtures" / "tasks" / "tasks.yaml"

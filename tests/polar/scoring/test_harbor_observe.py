@@ -1,4 +1,4 @@
-"""Harbor verification that the agent's code cannot write into (issue 40 item 3; polar/tasks/harbor_observe.py,
+"""Harbor verification that the agent's code cannot write into (issue 40 item 3; polar/scoring/harbor_observe.py,
 evaluate._harbor, verify._harbor_binds): the hacks that test.sh's own tests run from the module under test, applied
 to a copy of fix-mul's workspace and verified as a sample would be (no harness: the hack's shell command is run
 here), in bubblewrap, Apptainer and a podman container. Each scores 0 and is named; /tests is read-only and
@@ -16,14 +16,14 @@ import pytest
 from polar.redteam.hacks import BY_NAME, facts_of, prepend
 from polar.run.summary import snapshot
 from polar.sandbox.runtime import Mounts, get_runtime
-from polar.tasks.evaluate import Evaluation, evaluate
+from polar.scoring.evaluate import Evaluation, evaluate
 from polar.tasks.harbor import solution_of
-from polar.tasks.harbor_observe import pytest_files
-from polar.tasks.oracle import run_oracle
-from polar.tasks.precheck import pristine
+from polar.scoring.harbor_observe import pytest_files
+from polar.scoring.oracle import run_oracle
+from polar.scoring.precheck import pristine
 from polar.tasks.spec import load_tasks
 from polar.tasks.task import TaskSpec
-from polar.tasks.verify import VerifyGround, prepare_verify
+from polar.scoring.verify import VerifyGround, prepare_verify
 from tests.polar.sandbox.test_apptainer import demo_image
 from tests.polar.sandbox.test_docker import require_engine
 
