@@ -64,7 +64,7 @@ def workspace_prep(runs: int) -> int:
     from polar.sandbox.docker import find_engine, image_ref
     from polar.scoring.allow import pristine
     from polar.tasks.image_task import resolve_image_task
-    from polar.tasks.spec import load_tasks
+    from polar.tasks.load import load_tasks
 
     task = load_tasks(ROOT / "fixtures" / "tbench" / "word-count")[0]
     engine = find_engine()

@@ -64,7 +64,7 @@ class PolarClient:
                callback_url: str | None = None, strategy: str = "prefix_merge") -> "HttpBatch":
         """As the Redis client's submit (same argument order); `out` and `batch_id` are the service's to choose
         and are ignored; `callback_url` gets the batch's signed callbacks (docs/api.md)."""
-        from polar.tasks.spec import load_tasks
+        from polar.tasks.load import load_tasks
 
         specs = load_tasks(Path(tasks))
         names = {adapter} if adapter else {t.adapter for t in specs}

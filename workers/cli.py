@@ -113,7 +113,7 @@ def _checked(command):
 
 
 def submit(args: argparse.Namespace) -> int:
-    from polar.tasks.spec import load_tasks, refuse_online
+    from polar.tasks.load import load_tasks, refuse_online
 
     try:  # the user's own inputs first, then the connection
         if not 1 <= args.group_size <= 999:

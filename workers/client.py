@@ -75,7 +75,7 @@ class PolarClient:
                batch_id: str | None = None, sampling: dict[str, Any] | None = None,
                strategy: str = "prefix_merge", tasks_root: str | Path | None = None,
                run_offline: bool = False, task_ids: Sequence[str] | None = None) -> "Batch":
-        """Queue `group_size` samples of every task in the tasks file (YAML or JSONL, polar.tasks.spec).
+        """Queue `group_size` samples of every task in the tasks file (YAML or JSONL, polar.tasks.load).
         `sampling`: some of temperature, top_p, top_k, max_tokens, seed, used for every LLM call of the batch
         whatever the agent's requests ask for (polar_mitm/sessions/sampling.py). `strategy`: prefix_merge (one row per
         append-only chain) or per_request (one row per LLM call). `tasks_root`: where the tasks' paths may lead
@@ -84,7 +84,7 @@ class PolarClient:
         tasks of the file, in this order (a trainer's step; KeyError naming an id the file does not hold)."""
         from polar.harness.adapters import load_adapter
         from polar.tasks.roots import tasks_roots
-        from polar.tasks.spec import load_tasks, refuse_online
+        from polar.tasks.load import load_tasks, refuse_online
 
         tasks_file = Path(tasks).resolve()
         roots = tasks_roots(tasks_file, tasks_root)

@@ -83,7 +83,7 @@ def sample_config(manifest: Manifest, sample_id: str, settings: WorkerSettings, 
 def tasks_by_id(tasks_file: Path, roots: Sequence[str] | None) -> Mapping[str, Any]:
     """The batch's tasks by id: a task file is parsed once per process while it is unchanged (every prepare reads
     it); a Harbor folder each time (its files may change under an unchanged folder)."""
-    from polar.tasks.spec import load_tasks
+    from polar.tasks.load import load_tasks
 
     if tasks_file.is_dir():
         return {t.task_id: t for t in load_tasks(tasks_file, roots)}
@@ -95,7 +95,7 @@ def tasks_by_id(tasks_file: Path, roots: Sequence[str] | None) -> Mapping[str, A
 @functools.lru_cache(maxsize=8)
 def _parsed_tasks(path: str, roots: tuple[str, ...] | None, _env_root: str | None, _mtime_ns: int,
                   _size: int) -> Mapping[str, Any]:
-    from polar.tasks.spec import load_tasks
+    from polar.tasks.load import load_tasks
 
     return MappingProxyType({t.task_id: t for t in load_tasks(path, roots)})
 

@@ -17,7 +17,8 @@ from polar.redteam.hacks import BY_NAME, HACKS, facts_of
 from polar.redteam.runner import Plan, Row, Runner, cases_of
 from polar.run.services import ROOT, ServiceError
 from polar.sandbox.runtime import RUNTIMES
-from polar.tasks.spec import TaskError, TaskSpec, load_tasks
+from polar.tasks.load import load_tasks
+from polar.tasks.task import TaskError, TaskSpec
 
 DEFAULT_MODEL = ROOT / "fixtures" / "tiny-qwen2"
 GOOD = ("held", "ok")

@@ -23,7 +23,8 @@ from polar.run.session import EngineConfig, RunConfig, run_session
 from polar.sandbox.runtime import RUNTIMES, SandboxError, names_oci_image, resolve_runtime
 from polar.sandbox.supervisor import supervising
 from polar.scoring.evaluate import EvaluatorCrash
-from polar.tasks.spec import TaskError, TaskSpec, load_tasks, refuse_online, select_task
+from polar.tasks.load import load_tasks, refuse_online, select_task
+from polar.tasks.task import TaskError, TaskSpec
 from polar_mitm.cli import engine_model_mismatch, tokenizer_problem
 from polar_mitm.sessions.sampling import add_sampling_args, sampling_from_args
 

@@ -31,7 +31,7 @@ from polar.run.state import SampleState
 from polar.run.summary import WorkspaceTooLarge, changed_files, snapshot
 from polar.sandbox.runtime import Sandbox
 from polar.scoring.evaluation import script_failure
-from polar.tasks.spec import TaskSpec
+from polar.tasks.task import TaskSpec
 from polar.tasks.steps import below_floor, put_step_files, step_session_id, step_task, task_reward, untouched_before
 
 # verify(state, task, before, after, folder, changed): the sample's verifier stage on the workspace as it is now

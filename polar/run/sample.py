@@ -48,7 +48,7 @@ from polar.scoring.evaluate import Evaluation, EvaluatorCrash, evaluate
 from polar.scoring.evaluation import script_failure
 from polar.tasks.image_task import resolve_image_task
 from polar.scoring.precheck import check_verifier
-from polar.tasks.spec import TaskSpec
+from polar.tasks.task import TaskSpec
 from polar.scoring.verify import prepare_verify
 from polar_traj import atomic
 from polar_traj.capture_reader import read_capture

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from polar.run.services import ProxyHandle, Session
 from polar.sandbox.runtime import Mounts
-from polar.tasks.spec import TaskSpec
+from polar.tasks.task import TaskSpec
 from polar_traj import atomic
 
 STATE = "sample.json"

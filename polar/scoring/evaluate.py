@@ -1,4 +1,4 @@
-"""Evaluators: turn a finished sample into a reward (spec: polar/tasks/spec.py EvaluatorSpec, docs/tasks.md).
+"""Evaluators: turn a finished sample into a reward (spec: polar/tasks/load.py EvaluatorSpec, docs/tasks.md).
 
 They run on the verify ground (polar/scoring/verify.py): a fresh sandbox over a copy of the final workspace with
 the task's tests staged and a fresh HOME, never where the agent ran.
@@ -35,7 +35,7 @@ from polar.sandbox.runtime import ExecResult, Mounts, Sandbox
 from polar.sandbox.agent_files import AgentFileError, AgentFileMissing, read_beneath
 from polar.scoring.evaluation import (OUTPUT_LIMIT, Evaluation, EvaluatorCrash, read_tail, task_env,
                                    verifier_timeout)
-from polar.tasks.spec import DEFAULT_REWARD_RANGE, EvaluatorSpec
+from polar.tasks.task import DEFAULT_REWARD_RANGE, EvaluatorSpec
 
 __all__ = ["Evaluation", "EvaluatorCrash", "evaluate", "task_env"]  # evaluation.py's names, importable here as before
 

@@ -12,7 +12,7 @@ from typing import Mapping
 
 from polar.sandbox import occupancy
 from polar.sandbox.runtime import Mounts, Sandbox
-from polar.tasks.spec import EvaluatorSpec
+from polar.tasks.task import EvaluatorSpec
 
 OUTPUT_LIMIT = 20000  # characters of evaluator output kept
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"

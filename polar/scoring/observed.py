@@ -17,7 +17,7 @@ from polar.sandbox.runtime import Mounts, Sandbox
 from polar.scoring import observe_child
 from polar.scoring.evaluation import OUTPUT_LIMIT, Evaluation, EvaluatorCrash, read_tail, task_env, verifier_timeout
 from polar.scoring.observer import Channel, Records, expected_tests, judge
-from polar.tasks.spec import EvaluatorSpec
+from polar.tasks.task import EvaluatorSpec
 from polar.sandbox.agent_files import AgentFileError, read_beneath
 
 RUNNER = "polar_observe.py"

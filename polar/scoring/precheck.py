@@ -22,7 +22,7 @@ from pathlib import Path
 from polar.sandbox.runtime import get_runtime
 from polar.scoring.allow import pristine
 from polar.scoring.evaluate import Evaluation, EvaluatorCrash, evaluate
-from polar.tasks.spec import TaskSpec
+from polar.tasks.task import TaskSpec
 from polar.scoring.verify import prepare_verify
 
 # `python -m TOOL` without TOOL, or a script that is not there: the verifier's environment, not the workspace.

@@ -1,5 +1,5 @@
 """What one scored sample is about: the task and its evaluator as plain values. Task files are read by
-polar/tasks/spec.py (YAML, JSONL) and polar/tasks/harbor.py (Harbor task directories); both build these."""
+polar/tasks/load.py (YAML, JSONL) and polar/tasks/harbor.py (Harbor task directories); both build these."""
 from __future__ import annotations
 
 import dataclasses

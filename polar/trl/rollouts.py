@@ -104,7 +104,7 @@ class PolarRollouts:
     harness replaced by `adapter` when given."""
 
     def __init__(self, client: Any, tasks: Path, config: RolloutConfig, adapter: str | None = None) -> None:
-        from polar.tasks.spec import load_tasks
+        from polar.tasks.load import load_tasks
 
         self.client, self.config, self.source, self.adapter = client, config, Path(tasks), adapter
         self.task_ids = [t.task_id for t in load_tasks(self.source)]  # a broken source fails here, not mid-run

@@ -1,5 +1,5 @@
 """Request bodies of `polar api` (pydantic: an unknown or bad field is a 422 that names it) and how each maps
-onto a batch: a list of task entries (polar/tasks/spec.py's format) and the batch's settings."""
+onto a batch: a list of task entries (polar/tasks/load.py's format) and the batch's settings."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

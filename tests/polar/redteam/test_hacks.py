@@ -14,7 +14,7 @@ import yaml
 from polar.redteam.cli import summary, table
 from polar.redteam.hacks import BY_NAME, HACKS, compiled_exit0, facts_of, prepend
 from polar.redteam.runner import FIX, ORACLE, Case, Plan, Row, cases_of, case_marker, policy_of, verdict
-from polar.tasks.spec import load_tasks
+from polar.tasks.load import load_tasks
 from polar_serve.policy import load_policy
 
 ROOT = Path(__file__).resolve().parents[3]

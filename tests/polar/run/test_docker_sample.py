@@ -18,7 +18,7 @@ import pytest
 from polar.harness.adapters import load_adapter
 from polar.run.sample import SampleConfig, SampleResult, run_sample
 from polar.run.session import EngineConfig
-from polar.tasks.spec import load_tasks
+from polar.tasks.load import load_tasks
 from polar_traj import read as read_trajectories
 from tests.polar.sandbox.test_apptainer import demo_image
 from tests.polar.sandbox.test_docker import names, require_engine

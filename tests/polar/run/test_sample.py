@@ -27,7 +27,8 @@ from polar.harness.adapters import load_adapter
 from polar.run.session import EngineConfig
 from polar.run.sample import SampleConfig, SampleResult, run_sample
 from polar.run.services import start_proxy
-from polar.tasks.spec import EvaluatorSpec, load_tasks
+from polar.tasks.load import load_tasks
+from polar.tasks.task import EvaluatorSpec
 from polar_traj import read as read_trajectories
 from polar_traj.capture_reader import read_capture_dicts
 from tests.polar.sandbox.test_apptainer import apptainer_bin, demo_image

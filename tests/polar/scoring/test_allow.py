@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from polar.scoring.allow import apply_submission
-from polar.tasks.spec import EvaluatorSpec
+from polar.tasks.task import EvaluatorSpec
 from polar.scoring.suspicious import scan_changes
 from polar.tasks.task import Submit, TaskSpec
 

@@ -13,7 +13,7 @@ from polar.scoring import evaluate as evaluate_mod
 from polar.scoring import evaluation
 from polar.scoring.evaluate import EvaluatorCrash, evaluate
 from polar.sandbox.runtime import Mounts, get_runtime
-from polar.tasks.spec import EvaluatorSpec
+from polar.tasks.task import EvaluatorSpec
 from tests.polar.sandbox.test_apptainer import demo_image
 
 SUMMARY = {"task_id": "t1", "exit_code": 0}

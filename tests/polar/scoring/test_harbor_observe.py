@@ -21,7 +21,7 @@ from polar.tasks.harbor import solution_of
 from polar.scoring.harbor_observe import pytest_files
 from polar.scoring.oracle import run_oracle
 from polar.scoring.precheck import pristine
-from polar.tasks.spec import load_tasks
+from polar.tasks.load import load_tasks
 from polar.tasks.task import TaskSpec
 from polar.scoring.verify import VerifyGround, prepare_verify
 from tests.polar.sandbox.test_apptainer import demo_image

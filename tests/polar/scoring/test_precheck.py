@@ -13,7 +13,7 @@ import pytest
 from polar.scoring import precheck
 from polar.scoring.evaluate import Evaluation
 from polar.scoring.precheck import check_verifier, unscorable
-from polar.tasks.spec import EvaluatorSpec, TaskSpec
+from polar.tasks.task import EvaluatorSpec, TaskSpec
 
 ROOT = Path(__file__).resolve().parents[3]
 CALC = ROOT / "fixtures" / "tasks" / "calc"

@@ -98,7 +98,7 @@ def test_a_home_tmp_file_leaves_no_instance_and_no_token(tmp_path, start_referen
     from polar.run.sample import SampleConfig, run_sample
     from polar.run.services import start_proxy
     from polar.run.session import EngineConfig
-    from polar.tasks.spec import load_tasks
+    from polar.tasks.load import load_tasks
     from tests.polar.sandbox.test_apptainer import apptainer_bin
 
     demo_image()

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from polar.run.summary import snapshot
-from polar.tasks.spec import load_tasks
+from polar.tasks.load import load_tasks
 from polar.tasks.task import Submit
 from polar.scoring.verify import AgentFileError, AgentFileMissing, home_hooks, prepare_verify, read_beneath
 

@@ -20,7 +20,8 @@ from polar.sandbox.docker import build_dockerfile, dockerfile_bases
 from polar.sandbox.limits import DEFAULT_LIMITS
 from polar.sandbox.runtime import SandboxError, names_oci_image, resolve_runtime
 from polar.tasks.harbor import read_reward
-from polar.tasks.spec import TaskError, load_tasks
+from polar.tasks.load import load_tasks
+from polar.tasks.task import TaskError
 from polar_traj import read as read_trajectories
 from tests.polar.sandbox.test_docker import require_engine
 

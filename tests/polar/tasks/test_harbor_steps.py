@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from polar.tasks.harbor import load_harbor
-from polar.tasks.spec import TaskError, TaskSpec
+from polar.tasks.task import TaskError, TaskSpec
 from polar.tasks.steps import below_floor, put_step_files, step_session_id, step_task, task_reward, untouched_before
 from polar_traj import read as read_trajectories
 from tests.polar.sandbox.test_apptainer import demo_image

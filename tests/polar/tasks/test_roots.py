@@ -9,7 +9,8 @@ import pytest
 import yaml
 
 from polar.tasks.roots import TASKS_ROOT_ENV
-from polar.tasks.spec import TaskError, load_tasks
+from polar.tasks.load import load_tasks
+from polar.tasks.task import TaskError
 from workers.manifest import Manifest, SampleEntry, read_manifest, write_manifest
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from polar.scoring.oracle import run_oracle
-from polar.tasks.spec import TaskError, load_tasks
+from polar.tasks.load import load_tasks
+from polar.tasks.task import TaskError
 from tests.polar.tasks.test_harbor import polar
 
 ROOT = Path(__file__).resolve().parents[3]

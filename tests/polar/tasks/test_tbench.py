@@ -13,7 +13,7 @@ import pytest
 
 from polar.tasks.harbor import solution_of
 from polar.scoring.oracle import run_oracle
-from polar.tasks.spec import load_tasks
+from polar.tasks.load import load_tasks
 from tests.polar.sandbox.test_docker import require_engine
 
 ROOT = Path(__file__).resolve().parents[3]

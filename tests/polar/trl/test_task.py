@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from polar.tasks.spec import load_tasks
+from polar.tasks.load import load_tasks
 from polar.trl.task import BREVITY_CHARS, TARGET_CHARS, score, score_brevity, vowel_reward, write_tasks
 
 

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from polar.tasks.roots import DEFAULT_ADAPTERS_ROOT
-from polar.tasks.spec import TaskError, load_tasks
+from polar.tasks.load import load_tasks
+from polar.tasks.task import TaskError
 from workers.api.models import BadRequest, ShortTask, TaskRequest, from_short, from_task_request
 
 EVALUATOR = {"command": "true"}

@@ -1,4 +1,4 @@
-"""Task files: what one scored sample is about (format: docs/tasks.md).
+"""Reading task files into TaskSpec values (polar/tasks/task.py; format: docs/tasks.md).
 
 A task file is YAML (one task mapping, a list of them, or `{tasks: [...]}`) or JSONL (one task per line).
 Each task: task_id, instruction, workspace (a directory or a .tar.gz, copied into the sandbox), image (an
@@ -25,11 +25,10 @@ from typing import Any, Mapping, Sequence
 
 import yaml
 
-# the task's values live in polar/tasks/task.py; callers import them from here too
 from polar.tasks.harbor import load_harbor
 from polar.tasks.swe import is_swe, load_swe
 from polar.tasks.roots import adapters_root, inside, outside, roots_text, tasks_roots
-from polar.tasks.task import (DEFAULT_EVAL_TIMEOUT_S, DEFAULT_MAX_CALLS, DEFAULT_REWARD_RANGE,  # noqa: F401
+from polar.tasks.task import (DEFAULT_EVAL_TIMEOUT_S, DEFAULT_MAX_CALLS, DEFAULT_REWARD_RANGE,
                               DEFAULT_TIMEOUT_S, SESSION_MARGIN_S, EvaluatorSpec, Submit, TaskError, TaskSpec)
 from polar_traj.records import check_id
 

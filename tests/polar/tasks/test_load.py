@@ -1,11 +1,12 @@
-"""Task files (polar/tasks/spec.py): the demo tasks load; every malformed field is one line naming file, line, field."""
+"""Task files (polar/tasks/load.py): the demo tasks load; every malformed field is one line naming file, line, field."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
 
-from polar.tasks.spec import TaskError, load_tasks, select_task
+from polar.tasks.load import load_tasks, select_task
+from polar.tasks.task import TaskError
 from polar.tasks.task import DEFAULT_SUBMIT, Submit
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -38,7 +39,7 @@ def test_demo_tasks_load() -> None:
 
 
 def test_round_trip_through_json(tmp_path: Path) -> None:
-    from polar.tasks.spec import TaskSpec
+    from polar.tasks.task import TaskSpec
 
     for task in load_tasks(DEMO):
         assert TaskSpec.from_dict(task.to_dict()) == task
