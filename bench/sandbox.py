@@ -62,7 +62,7 @@ def workspace_prep(runs: int) -> int:
 
     from polar.sandbox import quota
     from polar.sandbox.docker import find_engine, image_ref
-    from polar.scoring.allow import pristine
+    from polar.tasks.workspace import pristine
     from polar.tasks.image_task import resolve_image_task
     from polar.tasks.load import load_tasks
 

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import os
 import stat
-import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from polar.sandbox.identity import copy_without_privileges
 from polar.sandbox.agent_files import clear_path, matches_any
 from polar.tasks.task import Submit, TaskSpec
+from polar.tasks.workspace import pristine
 
 # Never the agent's: pytest reads them before any test, Python runs them at start-up.
 NEVER_NAMES = frozenset({"conftest.py", "pytest.ini", ".pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml",
@@ -40,18 +39,6 @@ class Submission:
 def shown(rel: str) -> str:
     """A path as text that every writer takes: a name that is not UTF-8 gets backslash escapes."""
     return rel.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-
-
-def pristine(workspace: Path | None, dest: Path) -> None:
-    """The task's starting workspace, as a sample's sandbox gets it (a directory or a .tar.gz; none: empty)."""
-    if workspace is None:
-        dest.mkdir(parents=True)
-    elif workspace.is_dir():
-        copy_without_privileges(workspace, dest)  # holes stay holes: a task may ship a large sparse file
-    else:
-        with tarfile.open(workspace, "r:gz") as tar:
-            tar.extractall(dest, filter="data")
-    dest.mkdir(parents=True, exist_ok=True)
 
 
 def apply_submission(task: TaskSpec, final: Path, dest: Path, staged: Iterable[str] = (),

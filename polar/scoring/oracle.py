@@ -19,7 +19,7 @@ from polar.sandbox.runtime import Mounts, Sandbox, get_runtime, resolve_runtime
 from polar.scoring.evaluate import Evaluation, EvaluatorCrash, evaluate, task_env
 from polar.scoring.evaluation import script_failure
 from polar.tasks.image_task import resolve_image_task
-from polar.scoring.precheck import pristine
+from polar.tasks.workspace import pristine
 from polar.tasks.steps import below_floor, put_step_files, step_task, task_reward
 from polar.tasks.task import SOLUTION_AT, TaskSpec
 from polar.scoring.verify import prepare_verify

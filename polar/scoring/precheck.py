@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from polar.sandbox.runtime import get_runtime
-from polar.scoring.allow import pristine
+from polar.tasks.workspace import pristine
 from polar.scoring.evaluate import Evaluation, EvaluatorCrash, evaluate
 from polar.tasks.task import TaskSpec
 from polar.scoring.verify import prepare_verify

@@ -27,7 +27,7 @@ from typing import Any, Mapping
 
 from polar.sandbox.identity import copy_without_privileges
 from polar.sandbox.agent_files import put_beneath
-from polar.scoring.allow import pristine
+from polar.tasks.workspace import pristine
 from polar.tasks.task import SETUP_SCRIPT, StepSpec, TaskSpec
 
 CACHE_ENV = "POLAR_STEP_CACHE"

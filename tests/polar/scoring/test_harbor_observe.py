@@ -20,7 +20,7 @@ from polar.scoring.evaluate import Evaluation, evaluate
 from polar.tasks.harbor import solution_of
 from polar.scoring.harbor_observe import pytest_files
 from polar.scoring.oracle import run_oracle
-from polar.scoring.precheck import pristine
+from polar.tasks.workspace import pristine
 from polar.tasks.load import load_tasks
 from polar.tasks.task import TaskSpec
 from polar.scoring.verify import VerifyGround, prepare_verify
