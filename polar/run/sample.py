@@ -43,7 +43,7 @@ from polar.run.state import SampleState, load_state
 from polar.sandbox import quota, supervisor
 from polar.sandbox.occupancy import occupying
 from polar.sandbox.runtime import Mounts, Sandbox, get_runtime, resolve_runtime
-from polar.tasks.artifacts import keep_artifacts
+from polar.run.artifacts import keep_artifacts
 from polar.scoring.evaluate import Evaluation, EvaluatorCrash, evaluate
 from polar.scoring.evaluation import script_failure
 from polar.tasks.image_task import resolve_image_task

@@ -137,7 +137,7 @@ class TaskSpec:
     wants_internet: bool = False  # the task asks for the internet, which no sample gets: refused unless allowed
     healthcheck: str | None = None  # a shell line that must pass in the agent's sandbox before the agent starts
     healthcheck_timeout_s: float = HEALTHCHECK_TIMEOUT_S
-    # (workspace path, name under artifacts/): copied into the sample folder after the run (polar/tasks/artifacts.py)
+    # (workspace path, name under artifacts/): copied into the sample folder after the run (polar/run/artifacts.py)
     artifacts: tuple[tuple[str, str], ...] = ()
     steps: tuple[StepSpec, ...] = ()  # a multi-step task's steps, in order (polar/tasks/steps.py); () for one step
     step_reward: str = "mean"  # a multi-step task's reward from its steps' (STEP_STRATEGIES)

@@ -1,10 +1,10 @@
-"""polar/tasks/artifacts.py: a task's artifacts kept from the agent's final workspace, under their names, never
+"""polar/run/artifacts.py: a task's artifacts kept from the agent's final workspace, under their names, never
 through a link on the way, within the size budget."""
 from __future__ import annotations
 
 import os
 
-from polar.tasks.artifacts import keep_artifacts
+from polar.run.artifacts import keep_artifacts
 
 
 def test_artifacts_are_kept_under_their_names(tmp_path):
