@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Mapping
 
 from polar.sandbox.runtime import Mounts, Sandbox
+from polar.tasks.expected import expected_tests
 from polar.tasks.task import TESTS_AT
 
 PROBE = ["python3", "-I", "-c", "import pytest"]
@@ -48,7 +49,7 @@ def observe(sandbox: Sandbox, mounts: Mounts, out: Path, timeout_s: float, task_
             ) -> Observation:
     from polar.scoring.evaluation import task_env
     from polar.scoring.observed import EMPTY_INI, RUNNER, runner_folder
-    from polar.scoring.observer import Channel, expected_tests, judge
+    from polar.scoring.observer import Channel, judge
 
     tests = next(src for src, dst in mounts.ro_binds if dst == TESTS_AT)
     files = pytest_files(tests)

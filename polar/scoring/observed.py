@@ -13,12 +13,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from polar.sandbox.agent_files import AgentFileError, read_beneath
 from polar.sandbox.runtime import Mounts, Sandbox
 from polar.scoring import observe_child
 from polar.scoring.evaluation import OUTPUT_LIMIT, Evaluation, EvaluatorCrash, read_tail, task_env, verifier_timeout
-from polar.scoring.observer import Channel, Records, expected_tests, judge
+from polar.scoring.observer import Channel, Records, judge
+from polar.tasks.expected import expected_tests
 from polar.tasks.task import EvaluatorSpec
-from polar.sandbox.agent_files import AgentFileError, read_beneath
 
 RUNNER = "polar_observe.py"
 COPY_LIMIT = 32 << 20  # bytes of a python evaluator's package copied into the sandbox at most

@@ -25,6 +25,7 @@ from typing import Any, Mapping, Sequence
 
 import yaml
 
+from polar.tasks.expected import expected_tests
 from polar.tasks.harbor import load_harbor
 from polar.tasks.swe import is_swe, load_swe
 from polar.tasks.roots import adapters_root, inside, outside, roots_text, tasks_roots
@@ -271,8 +272,6 @@ def _submit(value: Any, where: _Where) -> Submit | None:
 
 def _check_test_files(files: tuple[str, ...], tests: Path | None, where: _Where) -> None:
     """A pytest evaluator's files are the task's own: under `tests:`, each holding at least one test."""
-    from polar.scoring.observer import expected_tests  # lazy: ast only, but keeps spec.py's imports small
-
     if tests is None:
         raise where.fail("evaluator.pytest", "a pytest evaluator runs the task's own test files: set `tests:`")
     for rel in files:

@@ -14,7 +14,8 @@ import pytest
 from polar.run.summary import snapshot
 from polar.sandbox.runtime import get_runtime
 from polar.scoring.evaluate import Evaluation, evaluate
-from polar.scoring.observer import Records, expected_tests, judge
+from polar.scoring.observer import Records, judge
+from polar.tasks.expected import expected_tests
 from polar.tasks.load import load_tasks
 from polar.tasks.task import Submit, TaskSpec
 from polar.scoring.verify import VerifyGround, prepare_verify
