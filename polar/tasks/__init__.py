@@ -1,1 +1,2 @@
-"""Tasks (a YAML/JSONL spec per task) and the evaluators that score a finished sample."""
+"""What a task is: its plain values (task.py), the readers of task files, Harbor folders and SWE instances, its
+starting workspace, the tests it expects, its steps. How a sample is scored lives in polar/scoring."""
