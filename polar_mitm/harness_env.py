@@ -1,4 +1,4 @@
-"""The environment a harness needs to talk to the proxy, either way in (DESIGN.md §7)."""
+"""The environment a harness needs to talk to the proxy, either way in (docs/design.md §7)."""
 from __future__ import annotations
 
 from pathlib import Path

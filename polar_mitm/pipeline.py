@@ -4,7 +4,7 @@ mitmproxy, when an addon hook raises, logs the error and carries on with the flo
 script's remaining addons: an untouched request would then go upstream (through HTTPS_PROXY, to the real
 provider). So the stages run here, each failure is caught, and a flow leaves `request` only answered
 locally or pointed at Polar's own stream relay; anything else is answered with the provider's 500 and
-recorded (DESIGN.md §2). The connection-layer allowlist in polar_mitm/gate/egress.py backs this up.
+recorded (docs/design.md §2). The connection-layer allowlist in polar_mitm/gate/egress.py backs this up.
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Routing + rewrite: each LLM call becomes a token-level request to the inference engine, and the engine's
-tokens become the provider's reply (DESIGN.md §1, §5, §8).
+tokens become the provider's reply (docs/design.md §1, §5, §8).
 
 Non-streamed calls are sent to the engine by the proxy's own client and answered from the hook; streamed
 calls go to the in-process relay (polar_mitm/calls/relay.py), the only upstream mitmproxy may connect to, which

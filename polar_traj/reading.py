@@ -1,6 +1,6 @@
 """Find capture files and read one session at a time: memory stays flat in the number of files.
 
-Layout (DESIGN.md §3): `<capture_dir>/<task_id>/<session_id>.jsonl`, either capture format
+Layout (docs/design.md §3): `<capture_dir>/<task_id>/<session_id>.jsonl`, either capture format
 (docs/captures.md). A session is read with its provider payloads (`request`, `response`) out of the
 records; `Session.payload(call_id)` gives the one that is needed: kept in memory from a linear file (whose
 requests share their common parts, so they take about the file's size), re-read by byte offset from a

@@ -1,4 +1,4 @@
-"""The CallRecord contract (DESIGN.md §3): one JSON object per line, shared by the proxy and polar_traj."""
+"""The CallRecord contract (docs/design.md §3): one JSON object per line, shared by the proxy and polar_traj."""
 from __future__ import annotations
 
 import json

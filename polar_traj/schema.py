@@ -1,4 +1,4 @@
-"""The trajectory table (DESIGN.md §4), declared once: the Arrow schema every Parquet part is written with."""
+"""The trajectory table (docs/design.md §4), declared once: the Arrow schema every Parquet part is written with."""
 from __future__ import annotations
 
 import pyarrow as pa

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Relocated Apptainer under .tools/apptainer (DESIGN.md §6). Bookworm has no apptainer package, so the
+# Relocated Apptainer under .tools/apptainer (docs/design.md §6). Bookworm has no apptainer package, so the
 # .deb comes from sid; on glibc < 2.38 it gets a private glibc from trixie (patchelf interpreter+rpath).
 # Binaries: .tools/apptainer/usr/bin/apptainer and singularity -> apptainer. Idempotent (stamp file);
 # always ends by running a busybox sandbox with --net --network none, as root and as an unprivileged user.

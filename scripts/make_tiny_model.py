@@ -9,7 +9,7 @@ tokenizer fetched by scripts/fetch_tokenizers.sh), so the reference server sampl
 proxy renders that family's template (tests/polar_mitm/test_proxy_real_templates.py). Qwen3 rather than Qwen2
 because of the gotcha below: for `qwen3` transformers keeps the tokenizer class the tokenizer declares.
 
-DESIGN.md §6 gotcha: transformers 5 loads this directory with Qwen2Tokenizer (chosen from config.model_type),
+docs/design.md §6 gotcha: transformers 5 loads this directory with Qwen2Tokenizer (chosen from config.model_type),
 which rebuilds the normalizer and pre-tokenizer itself; we train with exactly those so the ids agree, and check.
 """
 from __future__ import annotations

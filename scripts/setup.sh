@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One-command setup in two layers, safe to re-run (every step is pinned and skipped when its stamp matches):
 #   demo  what `make demo` needs: the package with its serve extra, the demo's Debian packages, the
-#         polar-sandbox user, Redis on 127.0.0.1:6379, relocated Apptainer (DESIGN.md §6), the task image,
+#         polar-sandbox user, Redis on 127.0.0.1:6379, relocated Apptainer (docs/design.md §6), the task image,
 #         and Pi and Codex into .tools/npm
 #   all   (default; `make setup`, `make test`) everything: also the test and trl extras, Chromium and podman,
 #         the other four npm CLIs, the Python harnesses, OpenClaw and the CLIs of .tools/npm-more, and the real

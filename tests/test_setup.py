@@ -1,5 +1,5 @@
 """What `make setup` provides: Redis on loopback, bubblewrap and Apptainer sandboxes with only `lo` in
-which a host unix socket still works (DESIGN.md §6), and the six pinned harness CLIs (§7)."""
+which a host unix socket still works (docs/design.md §6), and the six pinned harness CLIs (§7)."""
 
 import json
 import os

@@ -71,7 +71,7 @@ def template_values(spec: AdapterSpec, run: RunValues, endpoint: Endpoint) -> di
 
 
 def way_in_env(way_in: str, values: Mapping[str, str]) -> dict[str, str]:
-    """What every harness needs for a way in (DESIGN.md §7): proxy + CA, or nothing (the adapter sets URLs)."""
+    """What every harness needs for a way in (docs/design.md §7): proxy + CA, or nothing (the adapter sets URLs)."""
     if way_in != "https_proxy":
         return {}
     proxy = values["proxy_url"]

@@ -1,4 +1,4 @@
-"""How the host touches paths the agent shaped (DESIGN.md §10): read a file one directory at a time by
+"""How the host touches paths the agent shaped (docs/design.md §10): read a file one directory at a time by
 descriptor, never through a symlink, regular files only, size-capped (`read_beneath`); match workspace globs
 (`matches_any`); make room at a path without writing through an agent's link (`clear_path`); put a task's file
 into a workspace the agent's processes may still be changing (`put_beneath`). Used by the verify ground, the

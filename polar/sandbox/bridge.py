@@ -1,4 +1,4 @@
-"""Reach the proxy from a network namespace with nothing but loopback (DESIGN.md §6).
+"""Reach the proxy from a network namespace with nothing but loopback (docs/design.md §6).
 
 A unix socket on the filesystem crosses network namespaces; TCP does not. Outside, `UnixToTcp` listens on a
 socket file and connects each client to the proxy's TCP port. Inside, `python -m polar.sandbox.bridge` listens on

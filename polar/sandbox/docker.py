@@ -19,7 +19,7 @@ directory works as is). Containers carry the label `polar.sandbox`, the host and
 HOME they serve: `prepare` also removes leftovers whose HOME is gone or that are older than MAX_AGE_S (a
 worker killed with SIGKILL leaves its container to the next prepare on the node).
 
-Measured quirks (DESIGN.md §6): Debian's podman 4.3 needs `--runtime runc` on hybrid cgroups (crun refuses
+Measured quirks (docs/design.md §6): Debian's podman 4.3 needs `--runtime runc` on hybrid cgroups (crun refuses
 them) and a containers.conf without default ulimits (root here lacks CAP_SYS_RESOURCE; CONTAINERS_CONF points
 at polar/sandbox/containers.conf unless set); RLIMIT_NPROC above ~32k is refused.
 """

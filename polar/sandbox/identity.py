@@ -1,4 +1,4 @@
-"""Who a sandbox process is on the host (issue 23, DESIGN.md §10): never the host's uid 0.
+"""Who a sandbox process is on the host (issue 23, docs/design.md §10): never the host's uid 0.
 
 Polar started by root runs every sandbox process as the unprivileged `polar-sandbox` user that `make setup`
 creates (scripts/setup_sandbox_user.sh): the runtimes drop to it (bwrap: `setpriv` as the sandbox's first

@@ -1,5 +1,5 @@
 """Runtimes: where a harness runs. A small protocol (prepare, exec, copy in/out, stop). Every runtime gives the
-harness a network namespace holding only loopback (DESIGN.md §6) and a pid namespace, bounds its memory and
+harness a network namespace holding only loopback (docs/design.md §6) and a pid namespace, bounds its memory and
 processes (polar/sandbox/limits.py; wall time is exec's timeout) and reaps whatever it leaves behind.
 
   auto   the default: the most isolated runtime installed (for a task that names an image: apptainer for a SIF

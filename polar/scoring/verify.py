@@ -1,4 +1,4 @@
-"""The ground a verifier stands on (DESIGN.md §10, docs/tasks.md "Verification"): nothing the agent wrote may
+"""The ground a verifier stands on (docs/design.md §10, docs/tasks.md "Verification"): nothing the agent wrote may
 decide its reward.
 
 After the harness exited and its sandbox is gone, `prepare_verify` builds `<sample>/verify/`: the task's

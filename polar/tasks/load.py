@@ -93,7 +93,7 @@ RUN_OFFLINE = "--run-offline"
 
 
 def refuse_online(tasks: Sequence[TaskSpec], run_offline: bool, where: Path | str) -> None:
-    """No sample gets the internet (DESIGN.md §2): a task that asks for it (a Harbor task's allow_internet or
+    """No sample gets the internet (docs/design.md §2): a task that asks for it (a Harbor task's allow_internet or
     network_mode) is refused, unless the operator runs it without (`--run-offline`)."""
     asking = [t.task_id for t in tasks if t.wants_internet]
     if asking and not run_offline:

@@ -85,7 +85,7 @@ def _version(value: Any) -> int | None:
 
 
 def row_from_record(rec: dict[str, Any]) -> Row:
-    """A trajectory-table row (DESIGN.md §4) as a Row."""
+    """A trajectory-table row (docs/design.md §4) as a Row."""
     meta = json.loads(rec.get("metadata") or "{}")
     reward, advantage = rec.get("reward"), rec.get("advantage")
     return Row(str(rec["trajectory_id"]), str(rec["task_id"]), str(rec["group_id"]),

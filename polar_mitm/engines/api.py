@@ -1,4 +1,4 @@
-"""The inference engine's token APIs (DESIGN.md §5): request bodies and their answers, streamed or not."""
+"""The inference engine's token APIs (docs/design.md §5): request bodies and their answers, streamed or not."""
 from __future__ import annotations
 
 import json

@@ -1,5 +1,5 @@
 """The proxy's own HTTP client to the inference engine: one pooled keep-alive session, with timeouts that end
-in the provider's error shape instead of a hung harness (DESIGN.md §5)."""
+in the provider's error shape instead of a hung harness (docs/design.md §5)."""
 from __future__ import annotations
 
 import asyncio

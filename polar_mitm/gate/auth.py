@@ -1,4 +1,4 @@
-"""Session identity: maps each flow's credentials to a registered rollout session (DESIGN.md §2).
+"""Session identity: maps each flow's credentials to a registered rollout session (docs/design.md §2).
 
 A routed flow leaves this addon with a session or with a local answer (407/401, or 503 when the session store
 cannot be asked), and without its credential headers, whatever the credentials hold. An LLM call of a session

@@ -1,6 +1,6 @@
 """Egress: the connection-layer backstop. Whatever the HTTP-level code does, mitmproxy may open no upstream
 connection except to Polar's own stream relay (which talks only to the inference engine), and no client
-connection may become a raw TCP/UDP/DNS tunnel (DESIGN.md §2: the proxy fails closed)."""
+connection may become a raw TCP/UDP/DNS tunnel (docs/design.md §2: the proxy fails closed)."""
 from __future__ import annotations
 
 import logging

@@ -1,5 +1,5 @@
 """Refusal: only LLM API calls to known provider hosts pass; everything else is answered 403 here,
-before any upstream connection (DESIGN.md §2, §8)."""
+before any upstream connection (docs/design.md §2, §8)."""
 from __future__ import annotations
 
 import ipaddress
@@ -104,7 +104,7 @@ class Guard:
             flow.response = error_response(api, 403, f"polar: {flow.request.pretty_host} is not served")
             return
         if headers.get("upgrade", "").lower() == "websocket":
-            # codex tries a WebSocket first and falls back to plain POST when refused (DESIGN.md §7).
+            # codex tries a WebSocket first and falls back to plain POST when refused (docs/design.md §7).
             flow.response = error_response(api, 403, "polar: WebSocket transport is not served")
             return
         route = match_route(flow.request.method, flow.request.path, family)

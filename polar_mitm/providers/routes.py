@@ -4,7 +4,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-# Real provider hostnames the proxy intercepts (the harnesses' defaults, DESIGN.md §7).
+# Real provider hostnames the proxy intercepts (the harnesses' defaults, docs/design.md §7).
 PROVIDER_HOSTS = {
     "api.openai.com": "openai",
     "api.anthropic.com": "anthropic",

@@ -1,4 +1,4 @@
-"""Sessions: which rollout a request belongs to, from its credentials (DESIGN.md §2).
+"""Sessions: which rollout a request belongs to, from its credentials (docs/design.md §2).
 
 Ids that name files must never carry a secret or a path: a readable name is kept only when it comes from the
 proxy-auth user or a harness's session header and already has the shape of `check_id`; anything else (and
@@ -26,7 +26,7 @@ OPEN_TASK_ID = "local"
 REDIS_PREFIX = "polar:session:"
 CALLS_PREFIX = "polar:calls:"  # + task_id/session_id: the session's LLM calls so far (INCR), for its call cap
 ENDED_CHANNEL = "polar:session-ended"  # unregister_session publishes {task_id, session_id} here
-# Headers harnesses send that name their own session (DESIGN.md §7); used in open mode only.
+# Headers harnesses send that name their own session (docs/design.md §7); used in open mode only.
 SESSION_HINT_HEADERS = ("x-claude-code-session-id", "session-id", "session_id", "x-session-id")
 # A credential is printable ASCII; anything else (mitmproxy keeps invalid header bytes as surrogates) is refused.
 _CREDENTIAL = re.compile(r"[\x21-\x7e]{1,512}")

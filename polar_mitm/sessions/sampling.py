@@ -1,4 +1,4 @@
-"""Sampling fixed by the trainer (a batch, `polar run --task`), never by the agent (DESIGN.md §10).
+"""Sampling fixed by the trainer (a batch, `polar run --task`), never by the agent (docs/design.md §10).
 
 A session may carry fixed values for `temperature`, `top_p`, `top_k`, `max_tokens` and `seed`; the proxy then
 samples every call of the session with them, whatever the request asks for, and flags each value it overrode

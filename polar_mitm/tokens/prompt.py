@@ -3,7 +3,7 @@
 Harnesses re-send the whole history every turn. When a request replays an earlier call of the same
 session (its messages, then the reply that call sampled), the prompt is that call's
 `prompt_ids + output_ids` followed by the rendering of only the new messages, so the token stream
-stays append-only and holds exactly what the model sampled (DESIGN.md §1, issue 3 item 5).
+stays append-only and holds exactly what the model sampled (docs/design.md §1, issue 3 item 5).
 
 Some real templates render history otherwise than the turns were sampled (Qwen3 drops the reasoning of turns
 before the last user message; others reorder system parts or add today's date): such a substituted prompt is

@@ -1,4 +1,4 @@
-"""The proxy fails closed (DESIGN.md §2, issue 8): when any of Polar's own steps raises, the harness gets its
+"""The proxy fails closed (docs/design.md §2, issue 8): when any of Polar's own steps raises, the harness gets its
 provider's 500 (or the stream's error event), an error record is written, and nothing leaves the machine —
 checked with listeners bound as the provider hostnames (a private /etc/hosts) and as the reverse target."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""messages.py: the four provider request shapes (DESIGN.md §7) as one chat-message list."""
+"""messages.py: the four provider request shapes (docs/design.md §7) as one chat-message list."""
 from __future__ import annotations
 
 import pytest

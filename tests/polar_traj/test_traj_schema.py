@@ -1,4 +1,4 @@
-"""schema.py: the one declared table, equal to DESIGN.md §4, with its version."""
+"""schema.py: the one declared table, equal to docs/design.md §4, with its version."""
 from __future__ import annotations
 
 import pyarrow as pa

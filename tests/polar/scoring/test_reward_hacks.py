@@ -1,4 +1,4 @@
-"""Rewards the agent cannot forge (issue 22, DESIGN.md §10): scripted policies that never fix the bug and go for
+"""Rewards the agent cannot forge (issue 22, docs/design.md §10): scripted policies that never fix the bug and go for
 the verifier instead, each through `polar run --task` with the real pi harness, in Apptainer, in bwrap and in a
 podman container (issue 29). Every hack scores 0 with status completed and weight 1 (trainable, not masked), and
 the tampering ones are named in `tampered` (issue 40: dropped by the allowlist) or `suspicious`, in what `polar run`
