@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from polar.harness.render import Rendered
-from polar.run.services import ProxyHandle, Session, new_session
+from polar.run.services import ProxyHandle, SessionLogin, new_session
 from polar.run.session import (HarnessSetup, copy_workspace, exec_harness, harness_for, with_task_vars, write_ca,
                                write_harness)
 from polar.run.state import SampleState
@@ -54,7 +54,7 @@ def prepare_steps(state: SampleState, setup: HarnessSetup, sandbox: Sandbox, pro
                                files={str(path): text for path, text in rendered.files.items()})
 
 
-def run_steps(state: SampleState, sandbox: Sandbox, verify: Verify, end_session: Callable[[str, Session], None]
+def run_steps(state: SampleState, sandbox: Sandbox, verify: Verify, end_session: Callable[[str, SessionLogin], None]
               ) -> None:
     """Each step in turn, until one times out, fails, or scores under its min_reward."""
     task, mounts, last = state.task, state.mounts, len(state.task.steps) - 1
@@ -72,7 +72,7 @@ def run_steps(state: SampleState, sandbox: Sandbox, verify: Verify, end_session:
                 state.suspicious.append(f"step {step.name}: its {failed}")
                 _failed_by_agent(state, i, f"its {failed}")
                 return
-        session = Session(**plan["session"])
+        session = SessionLogin(**plan["session"])
         try:
             write_harness(Rendered(tuple(plan["argv"]), plan["env"], {Path(p): t for p, t in plan["files"].items()}),
                           mounts, session, state.runtime, state.way_in, folder)
@@ -138,11 +138,11 @@ def step_results(state: SampleState) -> list[dict]:
     return out
 
 
-def step_sessions(state: SampleState) -> Iterator[tuple[str, Session]]:
+def step_sessions(state: SampleState) -> Iterator[tuple[str, SessionLogin]]:
     """(cleanup key, session) of every step."""
     for i, plan in enumerate(state.steps):
         if plan.get("session"):
-            yield f"session:{i + 1}", Session(**plan["session"])
+            yield f"session:{i + 1}", SessionLogin(**plan["session"])
 
 
 def step_folder(state: SampleState, i: int) -> Path:

@@ -34,7 +34,7 @@ from typing import Any, Iterator
 from polar.harness.adapters import AdapterSpec
 from polar.run.local_redis import private_redis
 from polar.run.multistep import finish_steps, prepare_steps, run_steps, step_results, step_sessions
-from polar.run.services import ProxyHandle, Session, new_session
+from polar.run.services import ProxyHandle, SessionLogin, new_session
 from polar.run.session import (DEFAULT_CONFDIR, HARNESS_BIN, TOOLS_BIN, EngineConfig, HarnessSetup, capture_files,
                                exec_harness, prepare_harness, shared_dir, snapshot_workspace, start_services,
                                with_task_vars, workspace_snapshots)
@@ -390,12 +390,12 @@ def _cleanup(state: SampleState, disks: bool = True) -> None:
         done["disks"] = True
 
 
-def _sessions(state: SampleState) -> list[tuple[str, Session]]:
+def _sessions(state: SampleState) -> list[tuple[str, SessionLogin]]:
     """(cleanup key, session): the sample's one, or each of its steps'."""
     return [("session", state.session)] if state.session else list(step_sessions(state))
 
 
-def _end_session(state: SampleState, key: str, session: Session) -> None:
+def _end_session(state: SampleState, key: str, session: SessionLogin) -> None:
     """Unregister the session (its token stops working), once."""
     if state.proxy.sessions == "open" or state.cleaned.get(key):
         return

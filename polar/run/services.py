@@ -59,14 +59,17 @@ def _listener(url: str, name: str) -> tuple[str, int]:
 
 
 @dataclass(frozen=True)
-class Session:
+class SessionLogin:
+    """What one harness logs in to the proxy with: `session_id` as the proxy-auth user, `token` as its password
+    (the proxy's own view of the session is polar_mitm/sessions/registry.py's Session)."""
+
     task_id: str
     session_id: str
     token: str
 
 
 def new_session(proxy: ProxyHandle, task_id: str, session_id: str, max_calls: int | None = None,
-                sampling: dict[str, Any] | None = None) -> Session:
+                sampling: dict[str, Any] | None = None) -> SessionLogin:
     """A registered session (Redis) or, in open mode, a fresh name and secret. `max_calls`: the session's LLM call
     cap; `sampling`: values every call is sampled with (polar_mitm/sessions/sampling.py). Open mode has no registry to
     carry them: it enforces no cap, and fixed sampling is refused (ValueError)."""
@@ -75,10 +78,10 @@ def new_session(proxy: ProxyHandle, task_id: str, session_id: str, max_calls: in
         if fixed is not None:
             raise ValueError("fixed sampling needs a proxy with registered sessions (--sessions redis://…), "
                              "not one in open mode")
-        return Session("local", session_id, "polar-" + secrets.token_urlsafe(18))
+        return SessionLogin("local", session_id, "polar-" + secrets.token_urlsafe(18))
     token = register_session(proxy.sessions, task_id, session_id, sampling=session_sampling(fixed, session_id),
                              max_calls=max_calls)
-    return Session(task_id, session_id, token)
+    return SessionLogin(task_id, session_id, token)
 
 
 def context_view(model_dir: Path, context_length: int, dest: Path) -> Path:

@@ -28,7 +28,8 @@ from typing import Any, Mapping
 from polar.harness.adapters import AdapterSpec
 from polar.harness.render import Endpoint, Rendered, RunValues, redact, render, write_files
 from polar.run.local_redis import private_redis
-from polar.run.services import ROOT, ProxyHandle, Session, context_view, new_session, reference_server, start_proxy
+from polar.run.services import (ROOT, ProxyHandle, SessionLogin, context_view, new_session, reference_server,
+                                 start_proxy)
 from polar.run.summary import RunSummary, WorkspaceTooLarge, changed_files, snapshot, summarize
 from polar.sandbox import supervisor
 from polar.sandbox.bridge import UnixToTcp
@@ -190,7 +191,8 @@ class HarnessSetup:
     tools_bin: tuple[Path, ...]
 
 
-def render_harness(setup: HarnessSetup, mounts: Mounts, session: Session, endpoint: Endpoint, out: Path) -> Rendered:
+def render_harness(setup: HarnessSetup, mounts: Mounts, session: SessionLogin, endpoint: Endpoint,
+                   out: Path) -> Rendered:
     """The harness's argv, environment and config files (written), harness.json (token redacted) and the
     workspace snapshot the run's changes are measured against."""
     rendered = harness_for(setup, mounts, session, endpoint)
@@ -198,14 +200,15 @@ def render_harness(setup: HarnessSetup, mounts: Mounts, session: Session, endpoi
     return rendered
 
 
-def harness_for(setup: HarnessSetup, mounts: Mounts, session: Session, endpoint: Endpoint) -> Rendered:
+def harness_for(setup: HarnessSetup, mounts: Mounts, session: SessionLogin, endpoint: Endpoint) -> Rendered:
     """The harness's argv, environment and config files (sandbox paths), nothing written yet."""
     values = RunValues(setup.instruction, setup.model, mounts.home, mounts.cwd,
                        session.session_id, session.token, setup.way_in)
     return render(setup.adapter, values, endpoint, list(setup.tools_bin))
 
 
-def write_harness(rendered: Rendered, mounts: Mounts, session: Session, runtime: str, way_in: str, out: Path) -> None:
+def write_harness(rendered: Rendered, mounts: Mounts, session: SessionLogin, runtime: str, way_in: str,
+                  out: Path) -> None:
     """The rendered config files written beneath the sample's HOME and workspace, harness.json (token redacted) in
     `out`, then the workspace snapshot the run's changes are measured against."""
     folder_beneath(mounts.home, ".tmp")  # TMPDIR; a later step's HOME is the agent's: it may have put a file there
@@ -243,7 +246,7 @@ def with_task_vars(env: dict[str, str], task_vars: Mapping[str, str]) -> dict[st
     return merged
 
 
-def prepare_harness(setup: HarnessSetup, sandbox: Sandbox, mounts: Mounts, session: Session, proxy: ProxyHandle,
+def prepare_harness(setup: HarnessSetup, sandbox: Sandbox, mounts: Mounts, session: SessionLogin, proxy: ProxyHandle,
                     out: Path, workspace: Path | None) -> Rendered:
     """What `polar run` and a sample both do before the harness starts: the starting workspace (a directory or
     a .tar.gz) copied in, the proxy's CA shared, the harness's files rendered."""
@@ -278,7 +281,7 @@ def changed_since_start(out: Path) -> dict[str, list[str]]:
     return changed_files(*workspace_snapshots(out))
 
 
-def _exec_harness(cfg: RunConfig, proxy: ProxyHandle, session: Session, stack: ExitStack) -> ExecResult:
+def _exec_harness(cfg: RunConfig, proxy: ProxyHandle, session: SessionLogin, stack: ExitStack) -> ExecResult:
     out = cfg.out
     shared, temporary = shared_dir(out)
     if temporary:
@@ -293,7 +296,7 @@ def _exec_harness(cfg: RunConfig, proxy: ProxyHandle, session: Session, stack: E
     return exec_harness(sandbox, list(rendered.argv), rendered.env, mounts, proxy, cfg.timeout_s, out)
 
 
-def _finish(cfg: RunConfig, proxy: ProxyHandle, own_proxy: bool, session: Session, result: ExecResult,
+def _finish(cfg: RunConfig, proxy: ProxyHandle, own_proxy: bool, session: SessionLogin, result: ExecResult,
             timer: Timer) -> RunResult:
     out = cfg.out
     t = time.monotonic()
@@ -317,7 +320,7 @@ def _finish(cfg: RunConfig, proxy: ProxyHandle, own_proxy: bool, session: Sessio
     return run
 
 
-def capture_files(proxy: ProxyHandle, own_proxy: bool, session: Session, out: Path) -> list[Path]:
+def capture_files(proxy: ProxyHandle, own_proxy: bool, session: SessionLogin, out: Path) -> list[Path]:
     """This run's capture files: all of a proxy started for this run (in open mode a harness may name its
     session by its own header), else the session's own file, copied into the run folder."""
     if own_proxy:

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
-from polar.run.services import ProxyHandle, Session
+from polar.run.services import ProxyHandle, SessionLogin
 from polar.sandbox.runtime import Mounts
 from polar.tasks.task import TaskSpec
 from polar_traj import atomic
@@ -49,7 +49,7 @@ class SampleState:
     node: str
     started_at: float
     instance: str | None = None  # the sandbox's name, once it runs (an apptainer instance)
-    session: Session | None = None
+    session: SessionLogin | None = None
     harness: dict[str, Any] | None = None  # rendered argv and env
     outcome: Outcome | None = None
     exit_code: int | None = None
@@ -104,7 +104,7 @@ class SampleState:
                       "proxy": ProxyHandle(p["host"], p["proxy_port"], p["base_url_port"], Path(p["ca_cert"]),
                                            Path(p["capture_dir"]), p["sessions"],
                                            Path(p["status_file"]) if p.get("status_file") else None),
-                      "session": Session(**s) if s else None, "outcome": Outcome(**o) if o else None})
+                      "session": SessionLogin(**s) if s else None, "outcome": Outcome(**o) if o else None})
 
     def save(self) -> None:
         atomic.write_text(self.out / STATE, json.dumps(self.to_dict(), indent=2))
