@@ -1,5 +1,5 @@
 """`python -m polar.gateway --rollout_server HOST:PORT --inference_server HOST:PORT [--model DIR]`: one worker node,
-the same process as `celery -A workers worker` (README, "Rollouts on many machines"), set up from the rollout
+the same process as `celery -A workers worker` (docs/scaling.md), set up from the rollout
 server instead of the environment: it asks `GET /api/node-config` (bearer $POLAR_API_TOKEN) for the broker, the
 sessions Redis and the output root, takes the model directory from --model or from the engine's own
 /get_model_info when that names a directory here, then becomes the Celery worker (exec), which starts the node's

@@ -37,14 +37,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--confdir", default="~/.polar/mitmproxy", help="where mitmproxy keeps its CA")
     p.add_argument("--tool-parser", default="auto", choices=["auto", *TOOL_PARSERS, "none"],
                    help="how the model writes tool calls: auto (default) reads the family from the chat template "
-                        "(README: Models) and refuses one not parsed yet; a name forces that form, none: text only")
+                        "(docs/models.md) and refuses one not parsed yet; a name forces that form, none: text only")
     p.add_argument("--reasoning-parser", default="auto", choices=["auto", *REASONING_PARSERS, "none"],
                    help="how the model writes reasoning: auto (default: think for <think>, mistral for [THINK], "
                         "harmony for gpt-oss), or a name, or none")
     p.add_argument("--render", default="proxy", choices=["proxy", "engine"],
                    help="who renders prompts and parses replies: proxy (default: the chat template here, history "
                         "substituted, token-exact) or engine (the engine's chat API with token ids, vLLM >= 0.10.2: "
-                        "any model it serves, each call rendered in full; README: Models)")
+                        "any model it serves, each call rendered in full; docs/models.md)")
     p.add_argument("--hosts", default="", help="extra provider hostnames to intercept, comma-separated")
     p.add_argument("--context-length", type=int, default=0, metavar="N",
                    help="prompt + output budget in tokens (default: the one the engine reports, else the model's "

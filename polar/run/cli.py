@@ -56,7 +56,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--engine", default="sglang", choices=["sglang", "vllm"], help="token API of --backend")
     p.add_argument("--render", default="proxy", choices=["proxy", "engine"],
                    help="who renders prompts and parses replies: proxy (default, token-exact history) or engine "
-                        "(the engine's chat API: any model it serves; README: Models)")
+                        "(the engine's chat API: any model it serves; docs/models.md)")
     p.add_argument("--model", type=Path, help="model dir: tokenizer + chat template; required with --backend "
                    "(default with the reference server started here: fixtures/tiny-qwen2)")
     p.add_argument("--model-name", help="model name the harness asks for (default: the adapter's)")
