@@ -19,7 +19,7 @@ import orjson
 
 from .chains import ChainStart, order_calls, prefix_merge
 from .lineage import session_lineage
-from .reading import Session
+from .reading import CapturedSession
 from .records import CallRecord
 from .schema import STRATEGIES
 from .stats import MergeStats
@@ -147,7 +147,7 @@ def call_outputs(calls: Sequence[CallRecord]) -> list[list[int | None]]:
     return out
 
 
-def build_session(session: Session, config: BuildConfig) -> tuple[list[Trajectory], MergeStats]:
+def build_session(session: CapturedSession, config: BuildConfig) -> tuple[list[Trajectory], MergeStats]:
     ordered = order_calls(session.records)
     usable = [r for r in ordered if r.error is None]
     errors = [{"call_id": r.call_id, "error": r.error} for r in ordered if r.error is not None]
@@ -166,7 +166,7 @@ def build_session(session: Session, config: BuildConfig) -> tuple[list[Trajector
     return trajectories, _session_stats(session, usable, errors, groups, trajectories, config.strategy)
 
 
-def _lineage(session: Session, chains: list, strategy: str) -> dict[str, dict[str, Any]]:
+def _lineage(session: CapturedSession, chains: list, strategy: str) -> dict[str, dict[str, Any]]:
     """metadata.lineage of each trajectory, keyed by its first call (per_request: every call takes its
     chain's lineage; its parent is the parent chain's first call)."""
     if not chains:
@@ -186,7 +186,7 @@ def _lineage(session: Session, chains: list, strategy: str) -> dict[str, dict[st
             for call in (chain.calls if strategy == "per_request" else chain.calls[:1])}
 
 
-def _trajectory(session: Session, calls: Sequence[CallRecord], start: ChainStart | None,
+def _trajectory(session: CapturedSession, calls: Sequence[CallRecord], start: ChainStart | None,
                 errors: list[dict[str, str | None]], config: BuildConfig, lineage: dict[str, Any]) -> Trajectory:
     prompt, response, mask, logprobs = chain_tokens(calls)
     versions = [c.policy_version for c in calls if c.policy_version is not None]
@@ -248,7 +248,7 @@ def _metadata(calls: Sequence[CallRecord], start: ChainStart | None, errors: lis
     }
 
 
-def _session_stats(session: Session, usable: list[CallRecord], errors: list[Any],
+def _session_stats(session: CapturedSession, usable: list[CallRecord], errors: list[Any],
                    groups: list[tuple[tuple[CallRecord, ...], ChainStart | None]],
                    trajectories: list[Trajectory], strategy: str) -> MergeStats:
     stats = MergeStats(strategy=strategy, sessions=1, calls=len(usable), error_calls=len(errors),

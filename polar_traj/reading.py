@@ -1,11 +1,11 @@
 """Find capture files and read one session at a time: memory stays flat in the number of files.
 
 Layout (docs/design.md §3): `<capture_dir>/<task_id>/<session_id>.jsonl`, either capture format
-(docs/captures.md). A session is read with its provider payloads (`request`, `response`) out of the
-records; `Session.payload(call_id)` gives the one that is needed: kept in memory from a linear file (whose
-requests share their common parts, so they take about the file's size), re-read by byte offset from a
-format-1 file (whose requests each repeat the whole history). A format-1 line's response (the reply alone,
-parsed anyway) is kept: `Session.response(call_id)` needs no re-read.
+(docs/captures.md), read back as a `CapturedSession`: its CallRecords, with the provider payloads (`request`,
+`response`) out of the records; `CapturedSession.payload(call_id)` gives the one that is needed: kept in memory
+from a linear file (whose requests share their common parts, so they take about the file's size), re-read by byte
+offset from a format-1 file (whose requests each repeat the whole history). A format-1 line's response (the reply
+alone, parsed anyway) is kept: `CapturedSession.response(call_id)` needs no re-read.
 """
 from __future__ import annotations
 
@@ -32,7 +32,10 @@ class SessionFile:
 
 
 @dataclass
-class Session:
+class CapturedSession:
+    """One session's capture file read back: its CallRecords in file order (the proxy's session itself is
+    polar_mitm/sessions/registry.py's Session)."""
+
     file: SessionFile
     records: list[CallRecord]  # file order; payloads empty unless read with payloads=True
     problems: list[str] = field(default_factory=list)  # invalid lines skipped (non-strict reads)
@@ -97,11 +100,11 @@ def _task_files(task_dir: Path, task_id: str) -> Iterator[SessionFile]:
             yield SessionFile(task_id, path.name[: -len(SUFFIX)], path)
 
 
-def read_session(sf: SessionFile, payloads: bool = False, strict: bool = True) -> Session:
+def read_session(sf: SessionFile, payloads: bool = False, strict: bool = True) -> CapturedSession:
     """All records of one capture file (either format), validated. strict: raise on the first bad line;
     otherwise skip it and note why in `problems`. A torn last line (the writer died mid-line) is always
     skipped. Each line's ids are parsed and checked once: a linear line's prefix is shared, not re-read."""
-    session = Session(sf, [])
+    session = CapturedSession(sf, [])
     decoder = CaptureDecoder(sf.path)
     seen: set[str] = set()
     for offset, lineno, data, stored in decoder.lines(payloads):
@@ -128,7 +131,7 @@ def read_session(sf: SessionFile, payloads: bool = False, strict: bool = True) -
     return session
 
 
-def iter_sessions(files: list[SessionFile], payloads: bool = False, strict: bool = True) -> Iterator[Session]:
+def iter_sessions(files: list[SessionFile], payloads: bool = False, strict: bool = True) -> Iterator[CapturedSession]:
     for sf in files:
         yield read_session(sf, payloads=payloads, strict=strict)
 

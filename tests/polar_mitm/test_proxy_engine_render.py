@@ -17,7 +17,7 @@ from transformers import AutoTokenizer
 
 from polar_mitm.launch import free_port, stop
 from polar_traj.build import BuildConfig, build_session
-from polar_traj.reading import Session, SessionFile
+from polar_traj.reading import CapturedSession, SessionFile
 from polar_traj.records import CallRecord
 from tests.polar_mitm.conftest import start_proxy
 from tests.polar_mitm.sdk_clients import CLIENTS, Way
@@ -62,8 +62,8 @@ def test_the_engines_reply_reaches_each_sdk_and_every_call_is_exact(engine_proxy
         assert r["error"] is None and r["engine"] == engine_proxy.backend
         assert_prompt_faithful(r, tokenizer)  # for Chat calls also: the template's own rendering of the request
         same_as_the_token_api(engine_proxy.backend, r)
-    merged, _stats = build_session(Session(SessionFile("local", session, None),
-                                           [CallRecord.from_dict(r) for r in records]), BuildConfig())
+    merged, _stats = build_session(CapturedSession(SessionFile("local", session, None),
+                                                   [CallRecord.from_dict(r) for r in records]), BuildConfig())
     (trajectory,) = merged  # the tool turn re-rendered as sampled: one chain, found by token prefix
     second = records[1]
     assert trajectory.prompt_ids + trajectory.response_ids == second["prompt_ids"] + second["output_ids"]

@@ -16,7 +16,7 @@ from transformers import AutoTokenizer
 from polar_mitm.launch import stop
 from polar_mitm.tokens.family import OWN_TEMPLATES, TEMPLATES
 from polar_traj.build import BuildConfig, build_session
-from polar_traj.reading import Session, SessionFile
+from polar_traj.reading import CapturedSession, SessionFile
 from polar_traj.records import CallRecord
 from tests.harmony_reference import encoding as harmony_encoding, harmony_ids
 from tests.mistral_reference import mistral_common, write_hf_tokenizer
@@ -182,8 +182,8 @@ def tool_session(proxy, session: str, api: str, stream: bool, tokenizer) -> dict
     assert first["prefix_source"] == "rendered:first_call" and second["prefix_source"] == "substituted"
     assert [r["flags"] for r in records] == [[], []]
     assert_exact(records, tokenizer, proxy.backend, max_new_tokens=64)
-    merged, _stats = build_session(Session(SessionFile("local", session, None),
-                                           [CallRecord.from_dict(r) for r in records]), BuildConfig())
+    merged, _stats = build_session(CapturedSession(SessionFile("local", session, None),
+                                                   [CallRecord.from_dict(r) for r in records]), BuildConfig())
     (trajectory,) = merged  # one chain: the tool turn's history was an append
     assert trajectory.prompt_ids + trajectory.response_ids == second["prompt_ids"] + second["output_ids"]
     return first

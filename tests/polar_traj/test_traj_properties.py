@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from polar_traj.build import BuildConfig, build_session
 from polar_traj.chains import REASONS, START_KINDS, _StartClassifier, find_parents, order_calls
 from polar_traj.parquet import TrajectoryWriter, read
-from polar_traj.reading import Session, SessionFile
+from polar_traj.reading import CapturedSession, SessionFile
 from polar_traj.records import CallRecord
 
 tokens = st.lists(st.integers(0, 5), max_size=4)
@@ -45,7 +45,7 @@ def sessions(draw) -> list[CallRecord]:
 
 
 def build(records: list[CallRecord], strategy: str):
-    session = Session(SessionFile("t", "s", None), records)
+    session = CapturedSession(SessionFile("t", "s", None), records)
     return build_session(session, BuildConfig(strategy=strategy, keep_conversation=False))
 
 
