@@ -245,8 +245,7 @@ def run_task_oracle(args: argparse.Namespace, task: TaskSpec) -> int:
     """`polar run --task DIR --oracle`: the task's solution instead of a harness (polar/scoring/oracle.py); exit 0
     when it scores the task's top reward."""
     from polar.tasks.harbor import solution_of
-    from polar.scoring.oracle import run_oracle
-    from polar.tasks.swe import gold_solution
+    from polar.scoring.oracle import gold_solution, run_oracle
 
     given = Path(args.task)
     if "swe" in task.metadata:  # an SWE-style instance: its gold patch
@@ -277,6 +276,10 @@ def run_task_oracle(args: argparse.Namespace, task: TaskSpec) -> int:
     reward = result.evaluation.reward
     print(f"polar run: oracle for task {task.task_id} ({result.runtime}): solve.sh exit {result.exit_code}, "
           f"reward {reward:g}")
+    if result.allowlist is not None and result.allowlist.source == "oracle":
+        print(f"  allowlist learned from the oracle's changes: {', '.join(result.allowlist.globs) or 'none'}")
+    for line in result.notes:
+        print(f"  {line}")
     if result.evaluation.rewards:
         print(f"  rewards: {json.dumps(result.evaluation.rewards)}")
     for i, step in enumerate(result.steps):
@@ -355,6 +358,7 @@ def outcome_summary(result: SampleResult) -> list[str]:
         lines.append(f"reason: {result.reason}")
     if result.tampered:
         lines.append(f"tampered: {', '.join(result.tampered)} (dropped before verification)")
+        lines += [f"  {note}" for note in result.notes]
     if result.suspicious:
         lines.append(f"suspicious: {'; '.join(result.suspicious[:10])}" +
                      (f" (and {len(result.suspicious) - 10} more)" if len(result.suspicious) > 10 else ""))

@@ -18,6 +18,7 @@ vocabulary: status completed|timeout|error, failure agent_timeout|infrastructure
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import resource
 import shutil
@@ -46,6 +47,7 @@ from polar.sandbox.runtime import Mounts, Sandbox, get_runtime, resolve_runtime
 from polar.run.artifacts import keep_artifacts
 from polar.scoring.evaluate import Evaluation, EvaluatorCrash, evaluate
 from polar.scoring.evaluation import script_failure
+from polar.scoring.oracle import oracle_allowlist
 from polar.tasks.image_task import resolve_image_task
 from polar.scoring.precheck import check_verifier
 from polar.tasks.task import TaskSpec
@@ -97,6 +99,7 @@ class SampleResult:
     tampered: list[str] = field(default_factory=list)  # agent changes dropped by the allowlist, HOME start-up hooks
     suspicious: list[str] = field(default_factory=list)  # "PATH: WHAT": changes reaching for the verifier, flags
     steps: list[dict[str, Any]] = field(default_factory=list)  # a multi-step task's: name, reward, ran, stopped
+    notes: list[str] = field(default_factory=list)  # the first dropped changes: why, and the task line admitting one
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -267,6 +270,8 @@ def _verify_on(state: SampleState, task: TaskSpec, before: dict[str, str], after
         state.fail("evaluator", f"the task's verifier produces no reward on the untouched workspace: "
                                 f"{problem.reason}")
         return
+    if (learned := oracle_allowlist(task, state.runtime, out / "oracle")) is not None:
+        task = dataclasses.replace(task, submit=learned)  # no `submit`: what the task's oracle changed
     ground = prepare_verify(task, out, before, after, state.disk_mb)
     state.tampered, state.suspicious = list(ground.tampered), list(ground.suspicious)
     sandbox = get_runtime(state.runtime, limits=task.sandbox_limits()).prepare(
@@ -277,7 +282,7 @@ def _verify_on(state: SampleState, task: TaskSpec, before: dict[str, str], after
     try:
         result = evaluate(spec, sandbox, ground.mounts, where, summary, min(spec.timeout_s, state.session_left()),
                           task.reward_range)
-        state.evaluation = asdict(result)
+        state.evaluation = {**asdict(result), "notes": list(ground.notes)}
         state.suspicious += [f"observer: {flag}" for flag in result.flagged]
     except EvaluatorCrash as e:
         state.evaluation = {"reward": None, "output": e.output, "detail": str(e)}
@@ -316,7 +321,7 @@ def postrun_sample(sample_dir: Path) -> SampleResult:
         resolved.failure, reason, resolved.reward, 1.0 if resolved.trainable else 0.0, state.exit_code,
         evaluation.get("output", ""), state.timings, str(parquet) if parquet else None,
         [str(f) for f in files], state.node, state.runtime, count_calls(files), state.tampered, state.suspicious,
-        step_results(state))
+        step_results(state), list(evaluation.get("notes") or ()))
     state.save()
     atomic.write_text(out / RESULT, json.dumps(result.to_dict(), indent=2))
     return result

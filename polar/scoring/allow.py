@@ -2,16 +2,20 @@
 task's own pristine workspace with the agent's allowed changes applied to it.
 
 A change is allowed when its path matches the task's `submit` globs (or, with `existing`, names a file the
-pristine workspace holds), is not protected, not one of the task's staged `tests:` files, and not pytest's
-configuration or a Python start-up hook (those only when a glob names that exact path). What comes in is
-regular files only, read without following links: no symlink, FIFO, device or socket, no executable bit the
-pristine file did not have, no compiled or binary file (.so, .pyc, ELF, NUL bytes) unless `binary: true`.
-Deleting an allowed file is a change like any other. Every other change is dropped and named.
+pristine workspace holds; or, with `new`, is a new text file not named like the standard library's modules), is
+not protected, not one of the task's staged `tests:` files, and not pytest's configuration or a Python start-up
+hook (those only when a glob names that exact path). A task without `submit` takes the changes its oracle made
+(polar/scoring/oracle.py), else DEFAULT_SUBMIT (existing and new). What comes in is regular files only, read
+without following links: no symlink, FIFO, device or socket; an executable bit only on a new file the agent made
+executable or where `executable` globs allow one; no compiled or binary file (.so, .pyc, ELF, NUL bytes) unless
+`binary` and a glob or `existing` admits it. Deleting an allowed file is a change like any other. Every other
+change is dropped and named.
 """
 from __future__ import annotations
 
 import os
 import stat
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
@@ -26,6 +30,8 @@ NEVER_NAMES = frozenset({"conftest.py", "pytest.ini", ".pytest.ini", "tox.ini", 
 NEVER_SUFFIXES = (".pth",)
 COMPILED_SUFFIXES = (".so", ".pyc", ".pyo", ".pyd", ".dll", ".dylib", ".o", ".a")
 FILE_LIMIT = 16 << 20  # bytes of one submitted file at most; a larger one is dropped
+NOTED = 5  # dropped files explained one by one at most
+SHADOWED = frozenset(sys.stdlib_module_names) | {"pytest", "_pytest", "pluggy", "py"}  # never a new module's name
 
 
 @dataclass(frozen=True)
@@ -34,6 +40,7 @@ class Submission:
     applied: tuple[str, ...]  # taken into the verify workspace (written or deleted)
     dropped: tuple[str, ...]  # left out: outside the allowlist, or refused for its kind
     compiled: tuple[str, ...]  # compiled or binary files among the changes, taken or not
+    notes: tuple[str, ...] = ()  # for the first dropped files: why, and how the task would let it in
 
 
 def shown(rel: str) -> str:
@@ -50,24 +57,47 @@ def apply_submission(task: TaskSpec, final: Path, dest: Path, staged: Iterable[s
     pristine(task.workspace, dest)
     base, left = entries(dest), entries(final)
     staged, untouched, submit = set(staged), set(untouched), task.allowed
-    changes, applied, dropped, compiled = [], [], [], []
+    changes, applied, dropped, compiled, notes = [], [], [], [], []
     for rel in sorted(set(base) | set(left)):
         b, f = base.get(rel), left.get(rel)
-        if (b and f and _same(dest / rel, final / rel, b, f)) or rel in untouched:
+        if (b and f and same_file(dest / rel, final / rel, b, f)) or rel in untouched:
             continue
         changes.append(rel)
         if f is not None and stat.S_ISREG(f.st_mode) and _compiled(final / rel, rel, f):
             compiled.append(rel)
+        refused = rel in compiled and not _binary_ok(rel, b, submit)
         if not allowed(rel, b is not None and stat.S_ISREG(b.st_mode), submit, task.protected, staged):
             dropped.append(rel)
         elif f is None:
             clear_path(dest, rel)
             applied.append(rel)
-        elif _take(final, dest, rel, f, b, submit, rel in compiled):
+        elif _take(final, dest, rel, f, b, submit, refused):
             applied.append(rel)
         else:
             dropped.append(rel)
-    return Submission(*(tuple(map(shown, x)) for x in (changes, applied, dropped, compiled)))
+        if dropped and dropped[-1] == rel and len(notes) < NOTED:
+            notes.append(drop_note(task, shown(rel), rel in staged or matches_any(rel, task.protected), f, refused))
+    return Submission(*(tuple(map(shown, x)) for x in (changes, applied, dropped, compiled)), tuple(notes))
+
+
+def drop_note(task: TaskSpec, rel: str, owned: bool, f: os.stat_result | None, compiled: bool) -> str:
+    """`run.py dropped: not in this task's allowlist; add [polar] submit = ["run.py"] to task.toml`: why a change
+    did not reach the verifier, and the line of the task's own file that would let it in."""
+    harbor = task.evaluator.kind == "harbor"
+    if owned:
+        return f"{rel} dropped: the task's own file (protected or one of its tests): the agent's version never counts"
+    if f is not None and not stat.S_ISREG(f.st_mode):
+        return f"{rel} dropped: not a regular file (a link or a special file): only regular files reach the verifier"
+    if f is not None and f.st_size > FILE_LIMIT:
+        return f"{rel} dropped: larger than {FILE_LIMIT >> 20} MiB, the most one submitted file may hold"
+    why = "a compiled or binary file" if compiled else "not in this task's allowlist"
+    if harbor:
+        fix = (f'add [polar.submit] files = ["{rel}"] and binary = true to task.toml' if compiled else
+               f'add [polar] submit = ["{rel}"] to task.toml')
+    else:
+        fix = f"add submit: {{files: [{rel}], binary: true}} to the task" if compiled else \
+            f"add submit: [{rel}] to the task"
+    return f"{rel} dropped: {why}; {fix}"
 
 
 def allowed(rel: str, existed: bool, submit: Submit, protected: tuple[str, ...], staged: set[str]) -> bool:
@@ -76,7 +106,17 @@ def allowed(rel: str, existed: bool, submit: Submit, protected: tuple[str, ...],
     name = rel.rsplit("/", 1)[-1]
     if name in NEVER_NAMES or name.endswith(NEVER_SUFFIXES):
         return rel in submit.globs  # only where the task names that very path
-    return matches_any(rel, submit.globs) or (submit.existing and existed)
+    if matches_any(rel, submit.globs) or (submit.existing and existed):
+        return True
+    return submit.new and not existed and not shadows(rel)
+
+
+def shadows(rel: str) -> bool:
+    """A new module or package named like the standard library's or pytest's: `json.py`, `pytest/__init__.py`
+    (a verifier run from the workspace, as a Harbor test.sh may be, would import it instead)."""
+    top = rel.split("/", 1)[0]
+    stem = top[:-3] if top.endswith(".py") and "/" not in rel else top
+    return stem in SHADOWED and (top.endswith(".py") or "/" in rel)
 
 
 def entries(root: Path) -> dict[str, os.stat_result]:
@@ -96,7 +136,8 @@ def entries(root: Path) -> dict[str, os.stat_result]:
     return found
 
 
-def _same(a: Path, b: Path, sa: os.stat_result, sb: os.stat_result) -> bool:
+def same_file(a: Path, b: Path, sa: os.stat_result, sb: os.stat_result) -> bool:
+    """Two regular files with the same bytes (holes read as zeros), or two links to the same target."""
     if not (stat.S_ISREG(sa.st_mode) and stat.S_ISREG(sb.st_mode)) or sa.st_size != sb.st_size:
         return stat.S_ISLNK(sa.st_mode) and stat.S_ISLNK(sb.st_mode) and os.readlink(a) == os.readlink(b)
     with open(a, "rb") as fa, open(b, "rb", opener=_nofollow) as fb:
@@ -153,10 +194,17 @@ def _compiled(path: Path, rel: str, st: os.stat_result) -> bool:
     return head.startswith(b"\x7fELF") or b"\0" in head
 
 
+def _binary_ok(rel: str, b: os.stat_result | None, submit: Submit) -> bool:
+    """A compiled or binary file comes in only with `binary`, where the globs name it or over a file the task had
+    (never through `new`, which admits text)."""
+    return submit.binary and (matches_any(rel, submit.globs) or (submit.existing and b is not None))
+
+
 def _take(final: Path, dest: Path, rel: str, f: os.stat_result, b: os.stat_result | None, submit: Submit,
-          compiled: bool) -> bool:
-    """Copy one allowed file in; False when its kind refuses it (a link, a special file, too large, compiled)."""
-    if not stat.S_ISREG(f.st_mode) or f.st_size > FILE_LIMIT or (compiled and not submit.binary):
+          refused: bool) -> bool:
+    """Copy one allowed file in; False when its kind refuses it (a link, a special file, too large, a compiled
+    file not allowed)."""
+    if not stat.S_ISREG(f.st_mode) or f.st_size > FILE_LIMIT or refused:
         return False
     if (dest / rel).is_dir() and not (dest / rel).is_symlink():  # a folder of the task's there: it stays
         return False
@@ -165,9 +213,12 @@ def _take(final: Path, dest: Path, rel: str, f: os.stat_result, b: os.stat_resul
             data = src.read(FILE_LIMIT + 1)
     except OSError:
         return False
-    was_exec = b is not None and stat.S_ISREG(b.st_mode) and b.st_mode & 0o100
+    had = b if b is not None and stat.S_ISREG(b.st_mode) else None
+    # The task's file keeps the task's mode unless the task lets it become executable; a new file keeps the agent's.
+    executable = (had is not None and had.st_mode & 0o100) or (
+        f.st_mode & 0o100 and (had is None or matches_any(rel, submit.executable)))
     clear_path(dest, rel)  # every folder on the way a real folder, nothing at rel itself
     target = dest / rel
     target.write_bytes(data)
-    os.chmod(target, 0o755 if was_exec else 0o644)  # an executable bit only where the task's file had one
+    os.chmod(target, 0o755 if executable else 0o644)  # never a setuid, setgid or sticky bit
     return True

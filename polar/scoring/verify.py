@@ -39,6 +39,7 @@ class VerifyGround:
     mounts: Mounts  # the verifier's HOME, workspace (pristine + allowed changes + tests) and an empty socket folder
     tampered: tuple[str, ...]  # agent changes dropped (workspace paths), and ~/… start-up hooks
     suspicious: tuple[str, ...] = ()  # "PATH: WHAT" for changes that reach for the verifier (suspicious.py)
+    notes: tuple[str, ...] = ()  # why the first dropped changes were dropped, and the task line that admits one
 
 
 def prepare_verify(task: TaskSpec, out: Path, before: dict[str, str], after: dict[str, str],
@@ -69,7 +70,7 @@ def prepare_verify(task: TaskSpec, out: Path, before: dict[str, str], after: dic
     suspicious = scan_changes(out / "workspace", submission) + [f"{h}: Python start-up hook" for h in hooks]
     binds, ro_binds = _harbor_binds(task, root) if harbor else ((), ())
     return VerifyGround(Mounts(home, workspace, shared, binds, ro_binds, task.workdir), tuple(dropped + hooks),
-                        tuple(suspicious))
+                        tuple(suspicious), submission.notes)
 
 
 def _harbor_binds(task: TaskSpec, root: Path) -> tuple[tuple[tuple[Path, str], ...], tuple[tuple[Path, str], ...]]:

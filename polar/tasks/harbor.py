@@ -24,9 +24,11 @@ read as Harbor reads them into our TaskSpec.
   tests/          test.sh and what it needs: staged read-only at /tests of the verify sandbox only, after the agent
                   finished; its pytest files are first run by Polar's observer (polar/scoring/harbor_observe.py);
                   it writes /logs/verifier/reward.txt (a number) or reward.json ({"reward": main, extras...})
-  solution/       solve.sh, never shown to the agent; `polar run --task DIR --oracle` runs it instead of a harness
+  solution/       solve.sh, never shown to the agent; `polar run --task DIR --oracle` runs it instead of a harness;
+                  without `[polar] submit`, what it creates, changes or deletes is the task's allowlist
   [polar] submit  (a Polar addition) workspace globs of NEW files the agent's work may add; the files the
-                  workspace held before the run may always be changed or deleted (polar/scoring/allow.py)
+                  workspace held before the run may always be changed or deleted (polar/scoring/allow.py); or a
+                  table {files, binary, new, executable}
 
 The task id is the directory's name. The task directory and each of its folders and files Polar uses must resolve
 under the tasks root (polar/tasks/roots.py): a link out of it (`environment/workspace -> /home/me`) is refused.
@@ -47,7 +49,8 @@ from types import MappingProxyType
 from typing import Any, Mapping, Sequence
 
 from polar.tasks.task import (HEALTHCHECK_TIMEOUT_S, LOGS_AT, SESSION_MARGIN_S, SETUP_SCRIPT, SOLUTION_AT,
-                              STEP_STRATEGIES, TESTS_AT, EvaluatorSpec, StepSpec, Submit, TaskError, TaskSpec)
+                              STEP_STRATEGIES, TESTS_AT, EvaluatorSpec, StepSpec, Submit, TaskError, TaskSpec,
+                              parse_submit)
 from polar.sandbox.agent_files import AgentFileError, read_beneath
 from polar.tasks.roots import inside, outside, tasks_roots
 from polar_traj.records import check_id
@@ -92,6 +95,12 @@ def solution_of(path: Path, task_id: str, tasks_root: Path | None = None) -> Pat
     if not script.is_file():
         raise TaskError(f"{script}: solution: missing (--oracle runs the task's solution/solve.sh)")
     return script
+
+
+def _solution(task_dir: Path, roots: Sequence[Path]) -> Path | None:
+    """solution/solve.sh when the task ships one (under the tasks root, as every file Polar uses)."""
+    script = confine(task_dir, "solution/solve.sh", roots)
+    return script if script.is_file() else None
 
 
 def load_harbor_task(task_dir: Path, roots: Sequence[Path] | None = None) -> TaskSpec:
@@ -158,7 +167,7 @@ def load_harbor_task(task_dir: Path, roots: Sequence[Path] | None = None) -> Tas
                     workdir=workdir, env=_env(env, "environment.env", fail), storage_mb=storage,
                     wants_internet=_wants_internet(env, fail), healthcheck=check, healthcheck_timeout_s=check_timeout,
                     artifacts=_artifacts(config.get("artifacts", env.get("artifacts")), workdir, fail),
-                    steps=steps, step_reward=strategy)
+                    steps=steps, step_reward=strategy, solution=_solution(task_dir, roots))
 
 
 def _instruction(path: Path) -> str:
@@ -340,13 +349,11 @@ def _artifacts(value: Any, workdir: str | None, fail: Any) -> tuple[tuple[str, s
     return tuple(out)
 
 
-def _submit(polar: Mapping[str, Any], fail: Any) -> Submit:
-    """Harbor's default allowlist: the workspace's own files, plus new files matching `[polar] submit`."""
-    globs = polar.get("submit", [])
-    if not isinstance(globs, list) or not all(isinstance(g, str) and g.strip() and not g.startswith("/")
-                                              and ".." not in Path(g).parts for g in globs):
-        raise fail("polar.submit", f"expected a list of workspace globs, got {globs!r}")
-    return Submit(tuple(globs), existing=True)
+def _submit(polar: Mapping[str, Any], fail: Any) -> Submit | None:
+    """`[polar] submit`: globs of the files the agent's work may add (the workspace's own files may always change),
+    or a table of polar/tasks/task.py's SUBMIT_KEYS (`binary = true` for git objects, say); absent: None, the
+    oracle's changes (solution/solve.sh), else the default allowlist."""
+    return parse_submit(polar.get("submit"), "polar.submit", fail, list_existing=True)
 
 
 def _table(config: Mapping[str, Any], key: str, fail: Any) -> dict[str, Any]:

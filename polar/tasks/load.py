@@ -30,7 +30,8 @@ from polar.tasks.harbor import load_harbor
 from polar.tasks.swe import is_swe, load_swe
 from polar.tasks.roots import adapters_root, inside, outside, roots_text, tasks_roots
 from polar.tasks.task import (DEFAULT_EVAL_TIMEOUT_S, DEFAULT_MAX_CALLS, DEFAULT_REWARD_RANGE,
-                              DEFAULT_TIMEOUT_S, SESSION_MARGIN_S, EvaluatorSpec, Submit, TaskError, TaskSpec)
+                              DEFAULT_TIMEOUT_S, SESSION_MARGIN_S, EvaluatorSpec, TaskError, TaskSpec, parse_globs,
+                              parse_submit)
 from polar_traj.records import check_id
 
 TASK_KEYS = ("task_id", "instruction", "workspace", "image", "adapter", "evaluator", "timeout_s",
@@ -41,9 +42,12 @@ EVALUATOR_KEYS = {"command": {"command", "reward", "reward_file", "timeout_s"},
                   "files": {"files", "timeout_s"},
                   "python": {"python", "timeout_s"},
                   "pytest": {"pytest", "timeout_s"}}
-SUBMIT_KEYS = ("files", "existing", "binary")
-NO_SUBMIT_WARNING = ("polar: {file}: {tasks} declare(s) no `submit:`: the agent may change or delete only the files "
-                     "the workspace already has, and add none (docs/tasks.md \"submit\")")
+FROM_ORACLE = ("polar: {file}: {tasks} declare(s) no `submit:`: each one's allowlist is what its oracle (solve.sh, "
+               "gold patch or metadata.fix) created, changed or deleted, learned once per task on each node "
+               "(docs/tasks.md \"submit\")")
+NO_ORACLE = ("polar: {file}: {tasks} declare(s) no `submit:` and ship(s) no oracle: the agent may change or delete the "
+             "files the workspace has and add new text files, never pytest configuration, conftest, start-up hooks, "
+             "compiled files or standard-library names (docs/tasks.md \"submit\")")
 _PY_TARGET = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
 
 
@@ -64,7 +68,16 @@ def load_tasks(path: str | Path, tasks_root: str | Path | Sequence[str | Path] |
     (polar/tasks/harbor.py), validated; raises TaskError ("FILE:LINE: FIELD: problem"). `tasks_root`: where its
     paths may lead (default: POLAR_TASKS_ROOT, else the file's folder and the current directory)."""
     path = Path(path)
-    roots = tasks_roots(path, tasks_root)
+    tasks = _load(path, tasks_roots(path, tasks_root))
+    for text, which in ((FROM_ORACLE, True), (NO_ORACLE, False)):
+        bare = [t.task_id for t in tasks if t.submit is None and t.has_oracle is which]
+        if bare:  # one line per task set, however many tasks it names
+            shown = ", ".join(bare[:5]) + (f" and {len(bare) - 5} more" if len(bare) > 5 else "")
+            print(text.format(file=path, tasks=shown), file=sys.stderr, flush=True)
+    return tasks
+
+
+def _load(path: Path, roots: Sequence[Path]) -> list[TaskSpec]:
     if path.is_dir():
         return load_harbor(path, roots)
     try:
@@ -83,9 +96,6 @@ def load_tasks(path: str | Path, tasks_root: str | Path | Sequence[str | Path] |
         tasks.append(task)
     if not tasks:
         raise TaskError(f"{path}:1: tasks: the file holds no task")
-    bare = [t.task_id for t in tasks if t.submit is None]
-    if bare:  # one line per file, however many tasks lack it
-        print(NO_SUBMIT_WARNING.format(file=path, tasks=", ".join(bare)), file=sys.stderr, flush=True)
     return tasks
 
 
@@ -188,9 +198,9 @@ def _parse_task(raw: Any, where: _Where, base: Path, roots: Sequence[Path]) -> T
     return TaskSpec(task_id, instruction, _workspace(raw.get("workspace"), where, base, roots),
                     _image(raw.get("image", "host"), where, base), adapter, evaluator, timeout, session,
                     MappingProxyType(dict(metadata)), tests,
-                    _globs(raw.get("protected"), where), _range(raw.get("reward_range"), where),
+                    parse_globs(raw.get("protected"), "protected", where.fail), _range(raw.get("reward_range"), where),
                     _count(raw.get("max_calls", DEFAULT_MAX_CALLS), "max_calls", where),
-                    submit=_submit(raw.get("submit"), where))
+                    submit=parse_submit(raw.get("submit"), "submit", where.fail, list_existing=False))
 
 
 def _text(value: Any, key: str, where: _Where) -> str:
@@ -239,35 +249,6 @@ def _adapter(text: str, where: _Where, roots: Sequence[Path]) -> str:
         raise where.fail("adapter", f"{text!r} is outside the tasks root {roots_text(roots)} and the adapters root "
                                     f"{adapters_root()}")
     return text
-
-
-def _globs(value: Any, where: _Where, key: str = "protected") -> tuple[str, ...]:
-    if value is None:
-        return ()
-    if not isinstance(value, list) or not all(isinstance(g, str) and g.strip() for g in value):
-        raise where.fail(key, f"expected a list of workspace globs, got {value!r}")
-    bad = [g for g in value if g.startswith("/") or ".." in Path(g).parts]
-    if bad:
-        raise where.fail(key, f"{bad[0]!r}: globs are relative to the workspace, inside it")
-    return tuple(value)
-
-
-def _submit(value: Any, where: _Where) -> Submit | None:
-    """`submit: [globs]` or `submit: {files: [globs], existing: bool, binary: bool}`; absent: None (the default)."""
-    if value is None:
-        return None
-    if isinstance(value, list):
-        return Submit(_globs(value, where, "submit"))
-    if not isinstance(value, dict):
-        raise where.fail("submit", f"expected a list of workspace globs or a mapping, got {value!r}")
-    unknown = sorted(set(map(str, value)) - set(SUBMIT_KEYS))
-    if unknown:
-        raise where.fail(f"submit.{unknown[0]}", f"unknown (known: {', '.join(SUBMIT_KEYS)})")
-    flags = {k: value.get(k, False) for k in ("existing", "binary")}
-    for k, v in flags.items():
-        if not isinstance(v, bool):
-            raise where.fail(f"submit.{k}", f"expected true or false, got {v!r}")
-    return Submit(_globs(value.get("files"), where, "submit.files"), flags["existing"], flags["binary"])
 
 
 def _check_test_files(files: tuple[str, ...], tests: Path | None, where: _Where) -> None:

@@ -23,11 +23,11 @@ import shutil
 import uuid
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Mapping
 
 from polar.sandbox.identity import copy_without_privileges
 from polar.sandbox.agent_files import put_beneath
-from polar.tasks.workspace import pristine
+from polar.tasks.workspace import listing, pristine
 from polar.tasks.task import SETUP_SCRIPT, StepSpec, TaskSpec
 
 CACHE_ENV = "POLAR_STEP_CACHE"
@@ -117,7 +117,7 @@ def untouched_before(starts: list[dict[str, str]], ends: list[dict[str, str]], a
 def _layered(base: Path | None, layers: list[Path], skip: str | None = None) -> Path:
     """`base` (a folder, a .tar.gz or none) with each layer's files copied over it in order (`skip`: a top-level
     name left out), built once per content in the step cache."""
-    key = hashlib.sha256(json.dumps([_listing(base), [_listing(p) for p in layers], skip]).encode()).hexdigest()
+    key = hashlib.sha256(json.dumps([listing(base), [listing(p) for p in layers], skip]).encode()).hexdigest()
     dest = cache_root() / key[:32]
     if dest.is_dir():
         return dest
@@ -136,19 +136,3 @@ def _layered(base: Path | None, layers: list[Path], skip: str | None = None) -> 
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return dest
-
-
-def _listing(path: Path | None) -> Any:
-    """What identifies a folder's content for the cache: each entry's path, size, mtime and mode."""
-    if path is None:
-        return None
-    if not path.is_dir():
-        st = path.stat()
-        return [str(path), st.st_size, st.st_mtime_ns]
-    found = [str(path)]
-    for dirpath, dirs, files in os.walk(path):
-        dirs.sort()
-        for name in sorted(files):
-            st = os.lstat(os.path.join(dirpath, name))
-            found.append([os.path.relpath(os.path.join(dirpath, name), path), st.st_size, st.st_mtime_ns, st.st_mode])
-    return found

@@ -29,8 +29,8 @@ from types import MappingProxyType
 from typing import Any, Sequence
 
 from polar.tasks.roots import inside, outside
-from polar.tasks.task import DEFAULT_EVAL_TIMEOUT_S, DEFAULT_TIMEOUT_S, SESSION_MARGIN_S, EvaluatorSpec, Submit, \
-    TaskError, TaskSpec
+from polar.tasks.task import (DEFAULT_EVAL_TIMEOUT_S, DEFAULT_TIMEOUT_S, SESSION_MARGIN_S, EvaluatorSpec, TaskError,
+                              TaskSpec, parse_submit)
 from polar_traj.atomic import made_once
 from polar_traj.records import check_id
 
@@ -96,7 +96,7 @@ def _instance(path: Path, raw: Any, line: int, roots: Sequence[Path]) -> TaskSpe
     evaluator = EvaluatorSpec("pytest", pytest=tuple(fail_to_pass + pass_to_pass), timeout_s=DEFAULT_EVAL_TIMEOUT_S)
     return TaskSpec(task_id, raw["problem_statement"], workspace, str(raw.get("image") or "host"),
                     raw.get("adapter"), evaluator, timeout, timeout + DEFAULT_EVAL_TIMEOUT_S + SESSION_MARGIN_S,
-                    MappingProxyType(metadata), tests, submit=Submit(_globs(raw.get("submit"), fail), existing=True))
+                    MappingProxyType(metadata), tests, submit=parse_submit(raw.get("submit"), "submit", fail, list_existing=True))
 
 
 def _repo(path: Path, repo: str, roots: Sequence[Path], fail: Any) -> Path:
@@ -135,15 +135,6 @@ def _ids(value: Any, key: str, fail: Any) -> list[str]:
     if bad:
         raise fail(key, f"{bad[0]!r}: expected a pytest id, path/to/test_file.py::test_name, inside the repository")
     return list(value)
-
-
-def _globs(value: Any, fail: Any) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    if not isinstance(value, list) or not all(isinstance(g, str) and g.strip() and not g.startswith("/")
-                                              and ".." not in Path(g).parts for g in value):
-        raise fail("submit", f"expected a list of workspace globs, got {value!r}")
-    return tuple(value)
 
 
 def _patched(patch: str) -> set[str]:
@@ -212,14 +203,3 @@ def _tests_with_patch(repo: Path, commit: str, patch: str, files: list[str], fai
 def _said(text: str) -> str:
     """A tool's complaint on one line (an error is one line)."""
     return " ".join(text.split())[-200:]
-
-
-def gold_solution(task: TaskSpec, folder: Path) -> Path:
-    """A solve.sh that applies the instance's gold patch (`patch`) in the workspace: its `--oracle`."""
-    patch = (task.metadata.get("swe") or {}).get("patch")
-    if not patch:
-        raise TaskError(f"instance {task.task_id}: no `patch` (the gold patch --oracle applies)")
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "gold.patch").write_text(patch)
-    (folder / "solve.sh").write_text("#!/bin/bash\nset -e\ngit apply --whitespace=nowarn /solution/gold.patch\n")
-    return folder / "solve.sh"

@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from polar.sandbox.limits import DEFAULT_LIMITS, Limits
 
@@ -30,19 +30,60 @@ class Submit:
 
     globs: tuple[str, ...] = ()  # workspace globs (the syntax of `protected`) the agent may add, change, delete
     existing: bool = False  # also every file the task's pristine workspace already holds (change or delete)
-    binary: bool = False  # compiled or binary files (.so, .pyc, ELF, NUL bytes) may come in
+    binary: bool = False  # compiled or binary files (.so, .pyc, ELF, NUL bytes) may come in where globs or existing
+    new: bool = False  # also new regular text files anywhere, but never pytest's configuration, start-up hooks,
+    #                    compiled files or a module named like the standard library's
+    executable: tuple[str, ...] = ()  # globs of files the agent may make executable (a new file keeps its mode)
+    source: str = "task"  # who wrote this allowlist: task (its file) | oracle (its solution's changes) | default
 
     def to_dict(self) -> dict[str, Any]:
-        return {"files": list(self.globs), "existing": self.existing, "binary": self.binary}
+        return {"files": list(self.globs), "existing": self.existing, "binary": self.binary, "new": self.new,
+                "executable": list(self.executable), "source": self.source}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None) -> Submit | None:
         if data is None:
             return None
-        return cls(tuple(data.get("files") or ()), bool(data.get("existing")), bool(data.get("binary")))
+        return cls(tuple(data.get("files") or ()), bool(data.get("existing")), bool(data.get("binary")),
+                   bool(data.get("new")), tuple(data.get("executable") or ()), data.get("source") or "task")
 
 
-DEFAULT_SUBMIT = Submit(existing=True)  # a task without `submit:`: edit the files it has, add nothing
+# A task without `submit:` and without an oracle to learn from: change or delete the files it has, add new text files.
+DEFAULT_SUBMIT = Submit(existing=True, new=True, source="default")
+SUBMIT_KEYS = ("files", "existing", "binary", "new", "executable")
+Fail = Callable[[str, str], Exception]  # (key, problem) -> the loader's error, naming its file and line
+
+
+def parse_globs(value: Any, key: str, fail: Fail) -> tuple[str, ...]:
+    """Workspace globs (relative, inside the workspace); None: none."""
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(g, str) and g.strip() for g in value):
+        raise fail(key, f"expected a list of workspace globs, got {value!r}")
+    bad = [g for g in value if g.startswith("/") or ".." in Path(g).parts]
+    if bad:
+        raise fail(key, f"{bad[0]!r}: globs are relative to the workspace, inside it")
+    return tuple(value)
+
+
+def parse_submit(value: Any, key: str, fail: Fail, list_existing: bool) -> Submit | None:
+    """A task file's `submit`: a list of globs (`list_existing`: the workspace's own files too, as Harbor and SWE
+    read it) or a mapping of SUBMIT_KEYS; absent: None (the oracle's changes, else DEFAULT_SUBMIT)."""
+    if value is None:
+        return None
+    if isinstance(value, list):
+        return Submit(parse_globs(value, key, fail), existing=list_existing)
+    if not isinstance(value, dict):
+        raise fail(key, f"expected a list of workspace globs or a mapping, got {value!r}")
+    unknown = sorted(set(map(str, value)) - set(SUBMIT_KEYS))
+    if unknown:
+        raise fail(f"{key}.{unknown[0]}", f"unknown (known: {', '.join(SUBMIT_KEYS)})")
+    flags = {k: value.get(k, list_existing if k == "existing" else False) for k in ("existing", "binary", "new")}
+    for k, v in flags.items():
+        if not isinstance(v, bool):
+            raise fail(f"{key}.{k}", f"expected true or false, got {v!r}")
+    return Submit(parse_globs(value.get("files"), f"{key}.files", fail), flags["existing"], flags["binary"],
+                  flags["new"], parse_globs(value.get("executable"), f"{key}.executable", fail))
 
 
 @dataclass(frozen=True)
@@ -128,7 +169,7 @@ class TaskSpec:
     max_calls: int = DEFAULT_MAX_CALLS
     memory_mb: int | None = None  # a Harbor task's [environment] resources; None: the node's sandbox limits
     cpus: float | None = None
-    submit: Submit | None = None  # what the agent's work may contribute; None: DEFAULT_SUBMIT
+    submit: Submit | None = None  # what the agent's work may contribute; None: the oracle's changes, else DEFAULT_SUBMIT
     # Where the sandbox sees the workspace (a Harbor task's workdir, `/app`); None: at its host path. For a task
     # whose image holds files there, polar/sandbox/image_files.py seeds the workspace from them.
     workdir: str | None = None
@@ -141,10 +182,18 @@ class TaskSpec:
     artifacts: tuple[tuple[str, str], ...] = ()
     steps: tuple[StepSpec, ...] = ()  # a multi-step task's steps, in order (polar/tasks/steps.py); () for one step
     step_reward: str = "mean"  # a multi-step task's reward from its steps' (STEP_STRATEGIES)
+    solution: Path | None = None  # a Harbor task's solution/solve.sh: its oracle (polar/scoring/oracle.py)
 
     @property
     def allowed(self) -> Submit:
         return self.submit or DEFAULT_SUBMIT
+
+    @property
+    def has_oracle(self) -> bool:
+        """The task set ships an honest solution: a Harbor solve.sh, an SWE gold patch or a `metadata.fix` command."""
+        swe, fix = self.metadata.get("swe"), self.metadata.get("fix")
+        return (self.solution is not None or (isinstance(swe, Mapping) and bool(swe.get("patch")))
+                or (isinstance(fix, str) and bool(fix.strip())))
 
     def sandbox_limits(self) -> Limits:
         """The limits of this task's sandboxes: the node's defaults, with the task's memory and CPUs."""
@@ -162,7 +211,7 @@ class TaskSpec:
                 "env": dict(self.env), "storage_mb": self.storage_mb, "wants_internet": self.wants_internet,
                 "healthcheck": self.healthcheck, "healthcheck_timeout_s": self.healthcheck_timeout_s,
                 "artifacts": [list(a) for a in self.artifacts], "steps": [step.to_dict() for step in self.steps],
-                "step_reward": self.step_reward}
+                "step_reward": self.step_reward, "solution": str(self.solution) if self.solution else None}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TaskSpec:
@@ -179,4 +228,4 @@ class TaskSpec:
                    float(data.get("healthcheck_timeout_s") or HEALTHCHECK_TIMEOUT_S),
                    tuple((a, a) if isinstance(a, str) else (a[0], a[1]) for a in data.get("artifacts") or ()),
                    tuple(StepSpec.from_dict(step) for step in data.get("steps") or ()),
-                   data.get("step_reward") or "mean")
+                   data.get("step_reward") or "mean", Path(data["solution"]) if data.get("solution") else None)

@@ -2,6 +2,7 @@
 agent's final workspace reaches the verifier, and what is named."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import tarfile
 from pathlib import Path
@@ -36,17 +37,40 @@ def apply(task: TaskSpec, final: Path, tmp_path: Path, **kw):
     return apply_submission(task, final, dest, **kw), dest
 
 
-def test_the_default_lets_existing_files_change_or_go_and_adds_nothing(tmp_path) -> None:
+def test_the_default_lets_existing_files_change_or_go_and_adds_new_text_files(tmp_path) -> None:
+    """A task without `submit` and without an oracle: honest work that adds a file (most terminal-bench answers)
+    reaches the verifier; what a verifier would run first, or a compiled file, still does not."""
     task = task_of(tmp_path, None, **{"a.py": "a\n", "b.py": "b\n", "pkg/c.py": "c\n"})
     final = final_of(task, tmp_path)
     (final / "a.py").write_text("A\n")
     (final / "b.py").unlink()
     (final / "new.py").write_text("new\n")
     (final / "pkg" / "d.py").write_text("d\n")
+    (final / "out").mkdir()
+    (final / "out" / "recovered.txt").write_text("pw\n")
+    for never in ("conftest.py", "pytest.ini", "x.pth", "json.py", "pytest/__init__.py", "mod.cpython-311.so"):
+        (final / never).parent.mkdir(exist_ok=True)
+        (final / never).write_bytes(b"\x7fELF\0" if never.endswith(".so") else b"x = 1\n")
     sub, dest = apply(task, final, tmp_path)
-    assert sub.applied == ("a.py", "b.py") and sub.dropped == ("new.py", "pkg/d.py")
+    assert sub.applied == ("a.py", "b.py", "new.py", "out/recovered.txt", "pkg/d.py")
+    assert sub.dropped == ("conftest.py", "json.py", "mod.cpython-311.so", "pytest.ini", "pytest/__init__.py", "x.pth")
     assert (dest / "a.py").read_text() == "A\n" and not (dest / "b.py").exists()
-    assert (dest / "pkg" / "c.py").read_text() == "c\n" and not (dest / "new.py").exists()
+    assert (dest / "new.py").read_text() == "new\n" and (dest / "out" / "recovered.txt").read_text() == "pw\n"
+    assert not (dest / "json.py").exists() and not (dest / "conftest.py").exists()
+
+
+def test_each_dropped_file_says_why_and_the_line_that_admits_it(tmp_path) -> None:
+    task = task_of(tmp_path, Submit(("a.py",)), **{"a.py": "a\n"})
+    final = final_of(task, tmp_path)
+    (final / "run.py").write_text("print(1)\n")
+    (final / "blob.bin").write_bytes(b"\0\1")
+    sub, _dest = apply(task, final, tmp_path)
+    assert sub.dropped == ("blob.bin", "run.py")
+    assert sub.notes == ("blob.bin dropped: a compiled or binary file; add submit: {files: [blob.bin], binary: true} "
+                         "to the task", "run.py dropped: not in this task's allowlist; add submit: [run.py] to the task")
+    harbor = dataclasses.replace(task, evaluator=EvaluatorSpec("harbor"))
+    sub, _dest = apply(harbor, final, tmp_path)
+    assert sub.notes[1] == 'run.py dropped: not in this task\'s allowlist; add [polar] submit = ["run.py"] to task.toml'
 
 
 def test_globs_and_the_names_never_taken(tmp_path) -> None:

@@ -108,9 +108,14 @@ def test_submit_forms_and_the_default_with_one_warning(tmp_path: Path, capsys) -
                  GOOD.replace("t1", "t3"))
     t1, t2, t3 = load_tasks(f)
     assert t1.submit == Submit(("src/**/*.py",), binary=True) and t1.allowed == t1.submit
-    assert t2.submit is None and t2.allowed == DEFAULT_SUBMIT == Submit(existing=True)
+    assert t2.submit is None and t2.allowed == DEFAULT_SUBMIT == Submit(existing=True, new=True, source="default")
     warning = capsys.readouterr().err.splitlines()
-    assert len(warning) == 1 and "t2, t3 declare(s) no `submit:`" in warning[0]
+    assert len(warning) == 1 and "t2, t3 declare(s) no `submit:` and ship(s) no oracle" in warning[0]
+    f.write_text(GOOD + "  metadata: {fix: 'echo 1 > answer.txt'}\n" + GOOD.replace("t1", "t2"))
+    t1, t2 = load_tasks(f)  # an oracle to learn the allowlist from: said once, apart from the tasks without one
+    assert t1.has_oracle and not t2.has_oracle
+    warning = capsys.readouterr().err.splitlines()
+    assert len(warning) == 2 and "t1 declare(s) no `submit:`: each one's allowlist is what its oracle" in warning[0]
     load_tasks(DEMO)  # every demo task declares it: no warning
     assert capsys.readouterr().err == ""
 
