@@ -86,8 +86,7 @@ def live(workdir: Path, urls: list[str], placement: str, args: argparse.Namespac
     before = flush(urls)
     proc, proxy = start_proxy(workdir, ",".join(urls), MODEL, "--set", f"polar_engine_placement={placement}")
     try:
-        wall = asyncio.run(run_sessions(f"http://127.0.0.1:{proxy.base_port}", args.sessions, args.turns,
-                                        args.concurrency))
+        wall = asyncio.run(run_sessions(proxy.base_url, args.sessions, args.turns, args.concurrency))
     finally:
         stop(proc)
     records = [r for path in sorted(proxy.capture_dir.rglob("*.jsonl")) for r in read_capture(path)]

@@ -1,4 +1,5 @@
-"""Start mitmdump with Polar's addon as a child process on 127.0.0.1 (tests, bench, demo, runner)."""
+"""Start mitmdump with Polar's addon as a child process on 127.0.0.1 (tests, bench, demo, runner), and
+`ProxyProcess`, the one type every side uses for a running proxy."""
 from __future__ import annotations
 
 import os
@@ -7,9 +8,9 @@ import subprocess
 import sys
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 from polar_mitm.engines.backends import parse_backends
 
@@ -36,20 +37,38 @@ def port_taken(log: Path) -> bool:
 
 @dataclass(frozen=True)
 class ProxyProcess:
-    pid: int
+    """A running Polar proxy: its two listeners on `host`, the CA harnesses trust, where it writes captures and
+    where it reads sessions. Started here or by polar/run/services.py; a reused one (`polar run --proxy`, a worker
+    node's POLAR_PROXY) has no pid, backend or log this process knows."""
+
+    host: str
     proxy_port: int  # HTTPS_PROXY listener
-    base_port: int  # base-URL listener
-    ca: Path
+    base_url_port: int  # base-URL listener
+    ca_cert: Path
     capture_dir: Path
-    backend: str
-    log: Path
+    sessions: str = "open"  # "open" or the redis:// / unix:// URL the proxy reads sessions from
+    status_file: Path | None = None  # rewritten by a proxy that was given one (polar_mitm/status_file.py)
+    pid: int | None = None
+    backend: str | None = None  # the engine URL(s) it was started with
+    log: Path | None = None
 
     def proxy_url(self, session: str, token: str) -> str:
-        return f"http://{session}:{token}@127.0.0.1:{self.proxy_port}"
+        return f"http://{session}:{token}@{self.host}:{self.proxy_port}"
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.base_port}"
+        return f"http://{self.host}:{self.base_url_port}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON values (a sample's state.json keeps its proxy)."""
+        return {f.name: str(v) if isinstance(v, Path) else v for f in fields(self) for v in [getattr(self, f.name)]}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ProxyProcess":
+        return cls(**{k: Path(v) if k in _PATHS and v is not None else v for k, v in data.items()})
+
+
+_PATHS = {"ca_cert", "capture_dir", "status_file", "log"}
 
 
 def wait_for_port(port: int, proc: subprocess.Popen, log: Path, timeout: float = 60.0, host: str = "127.0.0.1") -> None:
@@ -128,7 +147,9 @@ def start_proxy(workdir: Path, backend: str, model_dir: Path, *extra: str, hosts
             if attempt + 1 < PORT_ATTEMPTS and port_taken(log):
                 continue
             raise
-    return proc, ProxyProcess(proc.pid, p1, p2, confdir / "mitmproxy-ca-cert.pem", capture, backend, log)
+    sessions = next((a.partition("=")[2] for a in reversed(extra) if a.startswith("polar_sessions=")), "open")
+    return proc, ProxyProcess("127.0.0.1", p1, p2, confdir / "mitmproxy-ca-cert.pem", capture, sessions,
+                              pid=proc.pid, backend=backend, log=log)
 
 
 PARENT_ENV = "POLAR_PARENT_PID"

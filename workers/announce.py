@@ -8,10 +8,10 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from polar.run.services import ProxyHandle
 from polar.sandbox.runtime import resolve_runtime
 from polar_mitm.cli import model_mismatch, served_models
 from polar_mitm.engines.backends import parse_backends
+from polar_mitm.launch import ProxyProcess
 from workers.liveness import proxies_line
 from workers.settings import WorkerSettings
 
@@ -52,7 +52,7 @@ def engines_when_up(settings: WorkerSettings, wait_s: float) -> tuple[list[str],
         time.sleep(1.0)
 
 
-def startup_line(settings: WorkerSettings, proxies: Sequence[ProxyHandle], queues: Sequence[str],
+def startup_line(settings: WorkerSettings, proxies: Sequence[ProxyProcess], queues: Sequence[str],
                  logs: Sequence[Path | None], engines: Sequence[str]) -> str:
     try:
         runtime = resolve_runtime(settings.runtime)

@@ -9,8 +9,9 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from polar.run.services import ProxyHandle, running_proxy, start_proxy
+from polar.run.services import running_proxy, start_proxy
 from polar.sandbox import supervisor
+from polar_mitm.launch import ProxyProcess
 from polar_mitm.status_file import read_status
 from workers.settings import WorkerSettings
 
@@ -18,7 +19,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 # what a heartbeat carries of a proxy's status (polar_mitm/status_file.py)
 STATUS_FIELDS = ("state", "age_s", "pid", "rss_bytes", "histories", "history_bytes", "history_budget_bytes", "evicted")
 _stack = contextlib.ExitStack()
-_proxies: list[ProxyHandle] = []
+_proxies: list[ProxyProcess] = []
 
 
 def node_dir(settings: WorkerSettings) -> Path:
@@ -34,7 +35,7 @@ def log_path(settings: WorkerSettings, k: int = 0) -> Path | None:
     return None if settings.proxy else node_dir(settings) / f"proxy{_suffix(k)}.log"
 
 
-def reused_proxy(spec: str, sessions: str) -> ProxyHandle:
+def reused_proxy(spec: str, sessions: str) -> ProxyProcess:
     """POLAR_PROXY=http://HOST:PORT,http://HOST:PORT,CAPTURE_DIR[,CA]: a proxy started with --sessions `sessions`."""
     fields = spec.split(",")
     if len(fields) not in (3, 4):
@@ -53,7 +54,7 @@ def model_problem(model_dir: Path) -> str | None:
     return None
 
 
-def start(settings: WorkerSettings) -> list[ProxyHandle]:
+def start(settings: WorkerSettings) -> list[ProxyProcess]:
     """Start (or adopt) the node's proxies, POLAR_PROXIES of them; idempotent within a process. One after the
     other: the first makes the CA the others then load from the same confdir."""
     supervisor.start_supervisor()  # before the pool forks: what a killed node started is stopped by it
@@ -68,7 +69,7 @@ def start(settings: WorkerSettings) -> list[ProxyHandle]:
     return list(_proxies)
 
 
-def for_sample(sample_id: str) -> ProxyHandle:
+def for_sample(sample_id: str) -> ProxyProcess:
     """The proxy a sample's calls go through: always the same one for a sample id, so every stage and attempt of
     it on this node meets the process that holds its session's history."""
     if not _proxies:
@@ -76,7 +77,7 @@ def for_sample(sample_id: str) -> ProxyHandle:
     return _proxies[zlib.crc32(sample_id.encode()) % len(_proxies)]
 
 
-def current() -> ProxyHandle:
+def current() -> ProxyProcess:
     """The node's first proxy."""
     if not _proxies:
         raise RuntimeError("this worker's proxy is not running (workers.node.start runs at worker start)")

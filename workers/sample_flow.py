@@ -21,7 +21,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Iterator, Mapping, Sequence
 
-from polar.run.services import ProxyHandle
+from polar_mitm.launch import ProxyProcess
 from polar_traj.captures import copy_capture
 from workers.manifest import Manifest, sample_dir, write_json
 from workers.settings import WorkerSettings
@@ -37,7 +37,7 @@ class Cancelled(BaseException):
 @dataclass(frozen=True)
 class NodeContext:
     settings: WorkerSettings
-    proxy: ProxyHandle
+    proxy: ProxyProcess
 
 
 def attempts(sdir: Path) -> list[Path]:
@@ -103,7 +103,7 @@ def _parsed_tasks(path: str, roots: tuple[str, ...] | None, _env_root: str | Non
 SUPERSEDED = ("superseded by a new attempt (its worker was lost)", "worker_lost")
 
 
-def abandon_open(sdir: Path, proxy: ProxyHandle, why: tuple[str, str] = SUPERSEDED) -> None:
+def abandon_open(sdir: Path, proxy: ProxyProcess, why: tuple[str, str] = SUPERSEDED) -> None:
     """Abandon every attempt of the sample that did not finish; `why`: (reason, kind)."""
     for old in attempts(sdir):
         if not (old / ABANDONED).exists():
@@ -164,7 +164,7 @@ def cancellable() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def abandon(attempt: Path, proxy: ProxyHandle, reason: str, kind: str) -> None:
+def abandon(attempt: Path, proxy: ProxyProcess, reason: str, kind: str) -> None:
     """Mark an attempt abandoned: its session ends and its sandbox stops (polar.run.sample.cleanup_sample), its capture
     moves into the attempt folder, ABANDONED.json says why; nothing of it is trained on. The capture is looked for
     where the attempt's own proxy wrote it (another node's, when that node was lost), else in `proxy`'s."""

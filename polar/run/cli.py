@@ -18,7 +18,7 @@ from polar.argtypes import positive_seconds
 from polar.harness.adapters import WAYS_IN, AdapterError, available, load_adapter
 from polar.run.causes import cause_lines
 from polar.run.sample import SampleConfig, SampleResult, run_sample
-from polar.run.services import ROOT, ProxyHandle, ServiceError, running_proxy
+from polar.run.services import ROOT, ServiceError, running_proxy
 from polar.run.session import EngineConfig, RunConfig, run_session
 from polar.sandbox.runtime import RUNTIMES, SandboxError, names_oci_image, resolve_runtime
 from polar.sandbox.supervisor import supervising
@@ -26,6 +26,7 @@ from polar.scoring.evaluate import EvaluatorCrash
 from polar.tasks.load import load_tasks, refuse_online, select_task
 from polar.tasks.task import TaskError, TaskSpec
 from polar_mitm.cli import engine_model_mismatch, tokenizer_problem
+from polar_mitm.launch import ProxyProcess
 from polar_mitm.sessions.sampling import add_sampling_args, sampling_from_args
 
 DEFAULT_MODEL = ROOT / "fixtures" / "tiny-qwen2"
@@ -82,7 +83,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def reused_proxy(args: argparse.Namespace) -> ProxyHandle | None:
+def reused_proxy(args: argparse.Namespace) -> ProxyProcess | None:
     if not args.proxy:
         return None
     if not (args.proxy_base_url and args.capture_dir):
@@ -169,7 +170,7 @@ def _run(args: argparse.Namespace) -> int:
     return result.exit_code or (1 if result.error else 0)
 
 
-def fixed_sampling(args: argparse.Namespace, proxy: ProxyHandle | None) -> dict[str, Any] | None:
+def fixed_sampling(args: argparse.Namespace, proxy: ProxyProcess | None) -> dict[str, Any] | None:
     """The sampling flags given, checked (ValueError naming the bad one). A reused proxy must keep its sessions
     in Redis to carry them; one started here does (a private Redis when they are given)."""
     sampling = sampling_from_args(args)

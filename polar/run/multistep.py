@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from polar.harness.render import Rendered
-from polar.run.services import ProxyHandle, SessionLogin, new_session
+from polar.run.services import SessionLogin, new_session
 from polar.run.session import (HarnessSetup, copy_workspace, exec_harness, harness_for, with_task_vars, write_ca,
                                write_harness)
 from polar.run.state import SampleState
@@ -33,12 +33,13 @@ from polar.sandbox.runtime import Sandbox
 from polar.scoring.evaluation import script_failure
 from polar.tasks.task import TaskSpec
 from polar.tasks.steps import below_floor, put_step_files, step_session_id, step_task, task_reward, untouched_before
+from polar_mitm.launch import ProxyProcess
 
 # verify(state, task, before, after, folder, changed): the sample's verifier stage on the workspace as it is now
 Verify = Callable[[SampleState, TaskSpec, dict[str, str], dict[str, str], Path, dict[str, list[str]]], None]
 
 
-def prepare_steps(state: SampleState, setup: HarnessSetup, sandbox: Sandbox, proxy: ProxyHandle,
+def prepare_steps(state: SampleState, setup: HarnessSetup, sandbox: Sandbox, proxy: ProxyProcess,
                   max_calls: int, sampling: dict | None) -> None:
     task, mounts = state.task, state.mounts
     copy_workspace(sandbox, mounts, task.workspace)

@@ -35,7 +35,7 @@ from typing import Any, Iterator
 from polar.harness.adapters import AdapterSpec
 from polar.run.local_redis import private_redis
 from polar.run.multistep import finish_steps, prepare_steps, run_steps, step_results, step_sessions
-from polar.run.services import ProxyHandle, SessionLogin, new_session
+from polar.run.services import SessionLogin, new_session
 from polar.run.session import (DEFAULT_CONFDIR, HARNESS_BIN, TOOLS_BIN, EngineConfig, HarnessSetup, capture_files,
                                exec_harness, prepare_harness, shared_dir, snapshot_workspace, start_services,
                                with_task_vars, workspace_snapshots)
@@ -52,6 +52,7 @@ from polar.tasks.image_task import resolve_image_task
 from polar.scoring.precheck import check_verifier
 from polar.tasks.task import TaskSpec
 from polar.scoring.verify import prepare_verify
+from polar_mitm.launch import ProxyProcess
 from polar_traj import atomic
 from polar_traj.capture_reader import read_capture
 from polar_traj.records import check_id
@@ -116,7 +117,7 @@ def _sandbox(state: SampleState) -> Sandbox:
 
 
 # -- stages -------------------------------------------------------------------------------------------------------
-def prepare_sample(cfg: SampleConfig, engine: EngineConfig, proxy: ProxyHandle) -> Path:
+def prepare_sample(cfg: SampleConfig, engine: EngineConfig, proxy: ProxyProcess) -> Path:
     """Fresh folder, workspace, sandbox, registered session and rendered harness files; writes sample.json.
     Raises ValueError only for a caller's mistake (a used folder, an adapter without this way in)."""
     check_id(cfg.sample_id, "sample_id")
@@ -146,7 +147,7 @@ def prepare_sample(cfg: SampleConfig, engine: EngineConfig, proxy: ProxyHandle) 
     return out
 
 
-def _prepare(cfg: SampleConfig, proxy: ProxyHandle, state: SampleState) -> None:
+def _prepare(cfg: SampleConfig, proxy: ProxyProcess, state: SampleState) -> None:
     state.runtime = resolve_runtime(cfg.runtime, cfg.task.image)
     state.task = task = resolve_image_task(cfg.task, state.runtime)  # the image's workdir, files and variables
     _agent_disk(state)
@@ -472,7 +473,7 @@ def _build(out: Path, files: list[Path], entries: list[dict[str, Any]], strategy
 
 
 # -- all four in a row --------------------------------------------------------------------------------------------
-def run_sample(cfg: SampleConfig, engine: EngineConfig, proxy: ProxyHandle | None = None) -> SampleResult:
+def run_sample(cfg: SampleConfig, engine: EngineConfig, proxy: ProxyProcess | None = None) -> SampleResult:
     """prepare, run, evaluate, postrun; starts the engine and a proxy for this sample when `proxy` is None.
     The sandbox is stopped and the session ended on every way out, SIGTERM included."""
     out = cfg.out.resolve()

@@ -16,7 +16,8 @@ from urllib.parse import urlsplit
 
 from polar.sandbox import supervisor
 from polar_traj import atomic
-from polar_mitm.launch import PARENT_ENV, PORT_ATTEMPTS, free_port, port_taken, stop, wait_for_file, wait_for_port
+from polar_mitm.launch import (PARENT_ENV, PORT_ATTEMPTS, ProxyProcess, free_port, port_taken, stop, wait_for_file,
+                               wait_for_port)
 from polar_mitm.sessions.registry import register_session
 from polar_mitm.sessions.sampling import parse_sampling, session_sampling
 
@@ -27,28 +28,15 @@ class ServiceError(RuntimeError):
     pass
 
 
-@dataclass(frozen=True)
-class ProxyHandle:
-    """A running Polar proxy as a run sees it."""
-
-    host: str
-    proxy_port: int  # HTTPS_PROXY listener
-    base_url_port: int  # base-URL listener
-    ca_cert: Path
-    capture_dir: Path
-    sessions: str  # "open" or the redis:// / unix:// URL the proxy reads sessions from
-    status_file: Path | None = None  # rewritten by a proxy we started (polar_mitm/status_file.py)
-
-
 def running_proxy(proxy_url: str, base_url: str, capture_dir: Path, ca: Path, sessions: str,
-                  names: tuple[str, str, str] = ("--proxy", "--proxy-base-url", "--proxy-ca")) -> ProxyHandle:
+                  names: tuple[str, str, str] = ("--proxy", "--proxy-base-url", "--proxy-ca")) -> ProxyProcess:
     """A `polar proxy` already running, named by its two listeners' URLs (http://HOST:PORT) and its CA file;
     ValueError naming the setting (`names`) that is wrong."""
     host, proxy_port = _listener(proxy_url, names[0])
     _, base_port = _listener(base_url, names[1])
     if not ca.is_file():
         raise ValueError(f"{names[2]}: {ca} not found")
-    return ProxyHandle(host, proxy_port, base_port, ca, capture_dir, sessions)
+    return ProxyProcess(host, proxy_port, base_port, ca, capture_dir, sessions)
 
 
 def _listener(url: str, name: str) -> tuple[str, int]:
@@ -68,7 +56,7 @@ class SessionLogin:
     token: str
 
 
-def new_session(proxy: ProxyHandle, task_id: str, session_id: str, max_calls: int | None = None,
+def new_session(proxy: ProxyProcess, task_id: str, session_id: str, max_calls: int | None = None,
                 sampling: dict[str, Any] | None = None) -> SessionLogin:
     """A registered session (Redis) or, in open mode, a fresh name and secret. `max_calls`: the session's LLM call
     cap; `sampling`: values every call is sampled with (polar_mitm/sessions/sampling.py). Open mode has no registry to
@@ -121,8 +109,8 @@ def reference_server(model_dir: Path, policy: Path | None, log: Path) -> Iterato
 @contextmanager
 def start_proxy(tokenizer: Path, backend: str, capture_dir: Path, confdir: Path, log: Path,
                 sessions: str = "open", engine: str = "sglang", host: str = "127.0.0.1",
-                render: str = "proxy") -> Iterator[ProxyHandle]:
-    """`polar proxy` on two free ports; yields its handle. `sessions`: "open" or a redis:// / unix:// URL;
+                render: str = "proxy") -> Iterator[ProxyProcess]:
+    """`polar proxy` on two free ports; yields it. `sessions`: "open" or a redis:// / unix:// URL;
     `render`: proxy, or engine (the engine's chat API renders and parses, polar_mitm/engines/chat.py)."""
     log.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", PARENT_ENV: str(os.getpid())}
@@ -152,7 +140,8 @@ def start_proxy(tokenizer: Path, backend: str, capture_dir: Path, confdir: Path,
                 continue
             raise ServiceError(f"proxy: {e}") from e
     try:
-        yield ProxyHandle(host, p1, p2, ca, capture_dir, sessions, status_file)
+        yield ProxyProcess(host, p1, p2, ca, capture_dir, sessions, status_file, pid=proc.pid, backend=backend,
+                           log=log)
     finally:
         stop(proc)
         watch.release()

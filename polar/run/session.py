@@ -28,13 +28,13 @@ from typing import Any, Mapping
 from polar.harness.adapters import AdapterSpec
 from polar.harness.render import Endpoint, Rendered, RunValues, redact, render, write_files
 from polar.run.local_redis import private_redis
-from polar.run.services import (ROOT, ProxyHandle, SessionLogin, context_view, new_session, reference_server,
-                                 start_proxy)
+from polar.run.services import ROOT, SessionLogin, context_view, new_session, reference_server, start_proxy
 from polar.run.summary import RunSummary, WorkspaceTooLarge, changed_files, snapshot, summarize
 from polar.sandbox import supervisor
 from polar.sandbox.bridge import UnixToTcp
 from polar.sandbox.runtime import ExecResult, Mounts, Sandbox, get_runtime
 from polar.sandbox.agent_files import folder_beneath
+from polar_mitm.launch import ProxyProcess
 from polar_traj.captures import copy_capture
 
 TOOLS_BIN = ROOT / ".tools" / "npm" / "node_modules" / ".bin"
@@ -102,7 +102,7 @@ class Timer:
         return now
 
 
-def run_session(cfg: RunConfig, engine: EngineConfig, proxy: ProxyHandle | None = None) -> RunResult:
+def run_session(cfg: RunConfig, engine: EngineConfig, proxy: ProxyProcess | None = None) -> RunResult:
     """Run one session; never raises for a harness failure (a crashed harness still gets its summary)."""
     if not cfg.adapter.supports(cfg.way_in):
         raise ValueError(f"adapter {cfg.adapter.name} does not support --via {cfg.way_in} "
@@ -156,7 +156,7 @@ def shared_dir(out: Path) -> tuple[Path, bool]:
     return Path(tempfile.mkdtemp(prefix="polar-run-")), True
 
 
-def write_ca(proxy: ProxyHandle, shared: Path) -> Endpoint:
+def write_ca(proxy: ProxyProcess, shared: Path) -> Endpoint:
     """The proxy's CA and the CA bundle (for SSL_CERT_FILE) in the shared directory: the endpoint as the sandbox
     sees it. The bundle is the proxy's CA alone: the sandbox reaches no TLS peer but the proxy, and a client
     that loads the system's ~150 CAs as well pays for it at every start (curl: 41 ms of CPU against 12)."""
@@ -169,7 +169,7 @@ def write_ca(proxy: ProxyHandle, shared: Path) -> Endpoint:
     return Endpoint(proxy.host, proxy.proxy_port, proxy.base_url_port, ca, bundle)
 
 
-def open_bridges(proxy: ProxyHandle, shared: Path, stack: ExitStack) -> list[tuple[int, Path]]:
+def open_bridges(proxy: ProxyProcess, shared: Path, stack: ExitStack) -> list[tuple[int, Path]]:
     """One socket bridge per proxy listener, in the shared directory, closed with `stack`."""
     forwards = []
     for name, port in (("proxy.sock", proxy.proxy_port), ("base-url.sock", proxy.base_url_port)):
@@ -246,7 +246,7 @@ def with_task_vars(env: dict[str, str], task_vars: Mapping[str, str]) -> dict[st
     return merged
 
 
-def prepare_harness(setup: HarnessSetup, sandbox: Sandbox, mounts: Mounts, session: SessionLogin, proxy: ProxyHandle,
+def prepare_harness(setup: HarnessSetup, sandbox: Sandbox, mounts: Mounts, session: SessionLogin, proxy: ProxyProcess,
                     out: Path, workspace: Path | None) -> Rendered:
     """What `polar run` and a sample both do before the harness starts: the starting workspace (a directory or
     a .tar.gz) copied in, the proxy's CA shared, the harness's files rendered."""
@@ -263,7 +263,7 @@ def copy_workspace(sandbox: Sandbox, mounts: Mounts, workspace: Path | None) -> 
             tar.extractall(mounts.workspace, filter="data")
 
 
-def exec_harness(sandbox: Sandbox, argv: list[str], env: dict[str, str], mounts: Mounts, proxy: ProxyHandle,
+def exec_harness(sandbox: Sandbox, argv: list[str], env: dict[str, str], mounts: Mounts, proxy: ProxyProcess,
                  timeout_s: float, out: Path) -> ExecResult:
     """The harness in its sandbox, behind socket bridges to the proxy that live as long as it runs."""
     with ExitStack() as stack:
@@ -281,7 +281,7 @@ def changed_since_start(out: Path) -> dict[str, list[str]]:
     return changed_files(*workspace_snapshots(out))
 
 
-def _exec_harness(cfg: RunConfig, proxy: ProxyHandle, session: SessionLogin, stack: ExitStack) -> ExecResult:
+def _exec_harness(cfg: RunConfig, proxy: ProxyProcess, session: SessionLogin, stack: ExitStack) -> ExecResult:
     out = cfg.out
     shared, temporary = shared_dir(out)
     if temporary:
@@ -296,7 +296,7 @@ def _exec_harness(cfg: RunConfig, proxy: ProxyHandle, session: SessionLogin, sta
     return exec_harness(sandbox, list(rendered.argv), rendered.env, mounts, proxy, cfg.timeout_s, out)
 
 
-def _finish(cfg: RunConfig, proxy: ProxyHandle, own_proxy: bool, session: SessionLogin, result: ExecResult,
+def _finish(cfg: RunConfig, proxy: ProxyProcess, own_proxy: bool, session: SessionLogin, result: ExecResult,
             timer: Timer) -> RunResult:
     out = cfg.out
     t = time.monotonic()
@@ -320,7 +320,7 @@ def _finish(cfg: RunConfig, proxy: ProxyHandle, own_proxy: bool, session: Sessio
     return run
 
 
-def capture_files(proxy: ProxyHandle, own_proxy: bool, session: SessionLogin, out: Path) -> list[Path]:
+def capture_files(proxy: ProxyProcess, own_proxy: bool, session: SessionLogin, out: Path) -> list[Path]:
     """This run's capture files: all of a proxy started for this run (in open mode a harness may name its
     session by its own header), else the session's own file, copied into the run folder."""
     if own_proxy:

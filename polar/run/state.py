@@ -11,9 +11,10 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
-from polar.run.services import ProxyHandle, SessionLogin
+from polar.run.services import SessionLogin
 from polar.sandbox.runtime import Mounts
 from polar.tasks.task import TaskSpec
+from polar_mitm.launch import ProxyProcess
 from polar_traj import atomic
 
 STATE = "sample.json"
@@ -43,7 +44,7 @@ class SampleState:
     way_in: str  # https_proxy | base_url
     runtime: str  # as asked, then as resolved by prepare (apptainer | bwrap | local)
     engine: dict[str, Any]  # EngineConfig, for the record
-    proxy: ProxyHandle
+    proxy: ProxyProcess
     shared: Path  # the socket folder shared with the sandbox
     shared_temporary: bool
     node: str
@@ -89,9 +90,7 @@ class SampleState:
     def to_dict(self) -> dict[str, Any]:
         data = {f.name: getattr(self, f.name) for f in fields(self)}
         data.update(out=str(self.out), task=self.task.to_dict(), shared=str(self.shared),
-                    proxy={**asdict(self.proxy), "ca_cert": str(self.proxy.ca_cert),
-                           "capture_dir": str(self.proxy.capture_dir),
-                           "status_file": str(self.proxy.status_file) if self.proxy.status_file else None},
+                    proxy=self.proxy.to_dict(),
                     session=asdict(self.session) if self.session else None,
                     outcome=asdict(self.outcome) if self.outcome else None)
         return data
@@ -101,9 +100,7 @@ class SampleState:
         p, s, o = data["proxy"], data.get("session"), data.get("outcome")
         return cls(**{**data, "out": Path(data["out"]), "task": TaskSpec.from_dict(data["task"]),
                       "shared": Path(data["shared"]),
-                      "proxy": ProxyHandle(p["host"], p["proxy_port"], p["base_url_port"], Path(p["ca_cert"]),
-                                           Path(p["capture_dir"]), p["sessions"],
-                                           Path(p["status_file"]) if p.get("status_file") else None),
+                      "proxy": ProxyProcess.from_dict(p),
                       "session": SessionLogin(**s) if s else None, "outcome": Outcome(**o) if o else None})
 
     def save(self) -> None:

@@ -40,7 +40,7 @@ class Proxy:
         return list(read_capture_dicts(path))
 
     def proxied_client(self, session: str = "sess", token: str = "tok") -> httpx.Client:
-        return httpx.Client(proxy=self.proxy_url(session, token), verify=str(self.process.ca), timeout=60)
+        return httpx.Client(proxy=self.proxy_url(session, token), verify=str(self.process.ca_cert), timeout=60)
 
 
 def start_proxy(tmp: Path, backend: str, model_dir: Path, *extra: str, **kwargs):

@@ -45,7 +45,7 @@ def send(proxy, req: ProviderRequest, via: str, raw_body: bytes | None = None, s
     headers = {**req.headers, "content-type": "application/json"}
     if via == "base_url":
         return httpx.post(proxy.base_url + req.path, content=content, headers=headers, timeout=timeout)
-    with httpx.Client(proxy=proxy.proxy_url(session, "tok"), verify=str(proxy.ca), timeout=timeout) as client:
+    with httpx.Client(proxy=proxy.proxy_url(session, "tok"), verify=str(proxy.ca_cert), timeout=timeout) as client:
         return client.post(f"https://{HOSTS[req.api]}{req.path}", content=content, headers=headers)
 
 

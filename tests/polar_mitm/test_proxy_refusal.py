@@ -109,12 +109,12 @@ def test_registered_sessions_only_when_not_open(tmp_path, reference_server, tiny
             # proxy mode: session and token in HTTPS_PROXY; a wrong pair never gets a tunnel
             with pytest.raises(httpx.ProxyError, match="407"):
                 httpx.post("https://api.openai.com/v1/chat/completions", json=body,
-                           proxy=proxy.proxy_url("run-1", "wrong"), verify=str(proxy.ca))
+                           proxy=proxy.proxy_url("run-1", "wrong"), verify=str(proxy.ca_cert))
             with pytest.raises(httpx.ProxyError, match="407"):
                 httpx.post("https://api.openai.com/v1/chat/completions", json=body,
-                           proxy=proxy.proxy_url("run-2", token), verify=str(proxy.ca))
+                           proxy=proxy.proxy_url("run-2", token), verify=str(proxy.ca_cert))
             ok = httpx.post("https://api.openai.com/v1/chat/completions", json=body,
-                            proxy=proxy.proxy_url("run-1", token), verify=str(proxy.ca))
+                            proxy=proxy.proxy_url("run-1", token), verify=str(proxy.ca_cert))
             assert ok.status_code == 200
             records = proxy.records("run-1", task="task-9")
             assert len(records) == 2 and all(r["error"] is None for r in records)

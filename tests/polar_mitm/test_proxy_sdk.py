@@ -31,7 +31,7 @@ def tokenizer(tiny_model_dir):
 
 def way_in(proxy, via: str, session: str) -> Way:
     if via == "https_proxy":
-        return Way(proxy.proxy_url(session, "tok"), str(proxy.ca), None, "tok")
+        return Way(proxy.proxy_url(session, "tok"), str(proxy.ca_cert), None, "tok")
     return Way(None, None, proxy.base_url, session)  # open sessions: the API key names the session
 
 

@@ -79,7 +79,7 @@ def test_a_connect_tunnel_never_becomes_raw_tcp_tls_or_dns(guarded):
         s.close()
     # 3) inside intercepted TLS, a payload that is not HTTP (domain fronting through the TLS layer)
     s, head = connect(proxy.proxy_port, "api.openai.com:443")
-    ctx = ssl.create_default_context(cafile=str(proxy.ca))
+    ctx = ssl.create_default_context(cafile=str(proxy.ca_cert))
     tls = ctx.wrap_socket(s, server_hostname="api.openai.com")
     tls.sendall(b"\x00\x01\x02 not http at all\n")
     drain(tls)
@@ -199,7 +199,7 @@ def test_unregistering_a_session_takes_effect_on_the_next_request(tmp_path, refe
         try:
             token = register_session(url, "task-1", "run-1")
             base = httpx.Client(base_url=proxy.base_url, headers={"authorization": f"Bearer {token}"}, timeout=60)
-            tunnel = httpx.Client(proxy=proxy.proxy_url("run-1", token), verify=str(proxy.ca), timeout=60)
+            tunnel = httpx.Client(proxy=proxy.proxy_url("run-1", token), verify=str(proxy.ca_cert), timeout=60)
             assert base.post("/v1/chat/completions", json=CHAT).status_code == 200
             assert tunnel.post("https://api.openai.com/v1/chat/completions", json=CHAT).status_code == 200
             unregister_session(url, token)

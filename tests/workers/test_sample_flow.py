@@ -4,8 +4,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from polar_mitm.launch import ProxyProcess
 import polar.run.sample
-from polar.run.services import ProxyHandle
 from polar_traj.capture_reader import read_capture
 from polar_traj.captures import CaptureWriter
 from polar_traj.records import CallRecord
@@ -29,7 +29,7 @@ def test_an_abandoned_capture_moves_with_its_shared_prefix(tmp_path: Path, monke
     attempt.mkdir()
     (attempt / "sample.json").write_text(json.dumps({"session": {"task_id": "t", "session_id": "s2", "token": "x"},
                                                      "proxy": {"capture_dir": str(captures)}}))
-    abandon(attempt, ProxyHandle("127.0.0.1", 1, 2, tmp_path / "ca.pem", captures, "open"), "node lost", "node_lost")
+    abandon(attempt, ProxyProcess("127.0.0.1", 1, 2, tmp_path / "ca.pem", captures, "open"), "node lost", "node_lost")
     moved = attempt / "abandoned-captures" / "t" / "s2.jsonl"
     assert json.loads((attempt / "ABANDONED.json").read_text())["captures"] == [str(moved)]
     assert not (captures / "t" / "s2.jsonl").exists() and list(read_capture(moved)) == records[1:]
@@ -50,7 +50,7 @@ def test_an_abandoned_multi_step_attempt_moves_every_steps_capture(tmp_path: Pat
              for i, n in enumerate(["one", "two", "three"])]  # the third never ran: no capture
     (attempt / "sample.json").write_text(json.dumps({"session": None, "steps": steps,
                                                      "proxy": {"capture_dir": str(captures)}}))
-    abandon(attempt, ProxyHandle("127.0.0.1", 1, 2, tmp_path / "ca.pem", captures, "open"), "node lost", "node_lost")
+    abandon(attempt, ProxyProcess("127.0.0.1", 1, 2, tmp_path / "ca.pem", captures, "open"), "node lost", "node_lost")
     moved = [attempt / "abandoned-captures" / "t" / f"a.s{n}.jsonl" for n in (1, 2)]
     assert json.loads((attempt / "ABANDONED.json").read_text())["captures"] == [str(m) for m in moved]
     assert [list(read_capture(m)) for m in moved] == [records[:1], records[1:2]]

@@ -189,11 +189,11 @@ def test_stages_run_in_separate_processes(tmp_path, long_model) -> None:
     """Each stage reads the sample's state from its folder: here every stage is its own process (no harness
     runs: the image is missing, so the sample fails in prepare and the later stages carry that through)."""
     from polar.run.sample import prepare_sample
-    from polar.run.services import ProxyHandle
+    from polar_mitm.launch import ProxyProcess
 
     task = dataclasses.replace(load_tasks(DEMO)[0], image=str(tmp_path / "gone.sif"))
     cfg = sample(task, "pi", tmp_path)
-    proxy = ProxyHandle("127.0.0.1", 9, 9, tmp_path / "ca.pem", tmp_path / "captures", "open")
+    proxy = ProxyProcess("127.0.0.1", 9, 9, tmp_path / "ca.pem", tmp_path / "captures", "open")
     folder = prepare_sample(cfg, EngineConfig(long_model, backend="http://127.0.0.1:9"), proxy)
     for stage in ("run_harness", "evaluate_sample", "postrun_sample"):
         code = f"import sys; from pathlib import Path; from polar.run.sample import {stage}; {stage}(Path(sys.argv[1]))"

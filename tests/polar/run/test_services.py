@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from polar.run.services import ProxyHandle, context_view, new_session
+from polar.run.services import context_view, new_session
+from polar_mitm.launch import ProxyProcess
 from polar_mitm.sessions.registry import REDIS_PREFIX
 
 
@@ -21,8 +22,8 @@ def test_context_view(tmp_path, tiny_model_dir):
     assert context_view(tiny_model_dir, 1024, tmp_path) == tiny_model_dir  # already long enough
 
 
-def handle(sessions: str) -> ProxyHandle:
-    return ProxyHandle("127.0.0.1", 1, 2, Path("ca.pem"), Path("captures"), sessions)
+def handle(sessions: str) -> ProxyProcess:
+    return ProxyProcess("127.0.0.1", 1, 2, Path("ca.pem"), Path("captures"), sessions)
 
 
 def test_open_session():

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from polar.run.services import ProxyHandle, SessionLogin
+from polar.run.services import SessionLogin
 from polar.run.session import capture_files
+from polar_mitm.launch import ProxyProcess
 from polar_traj.capture_reader import read_capture
 from polar_traj.captures import CaptureWriter
 from polar_traj.records import CallRecord
@@ -23,7 +24,7 @@ def test_a_copied_capture_brings_the_shared_prefix_it_refers_to(tmp_path: Path):
     for r in records:
         writer.write(r)
     assert (tmp_path / "proxy" / "_shared").is_dir()  # s2's line refers to it
-    proxy = ProxyHandle("127.0.0.1", 1, 2, tmp_path / "ca.pem", tmp_path / "proxy", "open")
+    proxy = ProxyProcess("127.0.0.1", 1, 2, tmp_path / "ca.pem", tmp_path / "proxy", "open")
     (copied,) = capture_files(proxy, False, SessionLogin("t", "s2", "tok"), tmp_path / "run")
     assert copied == tmp_path / "run" / "captures" / "t" / "s2.jsonl"
     assert list(read_capture(copied)) == records[1:]

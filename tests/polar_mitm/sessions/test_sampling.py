@@ -97,7 +97,7 @@ def call(proxy, api: str, token: str, stream: bool = False, via: str = "base_url
     body = {**req.body, **sampling}
     if via == "base_url":
         return httpx.post(proxy.base_url + req.path, json=body, headers=req.headers, timeout=60)
-    with httpx.Client(proxy=proxy.proxy_url(session, token), verify=str(proxy.ca), timeout=60) as client:
+    with httpx.Client(proxy=proxy.proxy_url(session, token), verify=str(proxy.ca_cert), timeout=60) as client:
         return client.post(f"https://{HOSTS[api]}{req.path}", json=body, headers=req.headers)
 
 
