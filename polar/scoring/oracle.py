@@ -86,10 +86,11 @@ def gold_solution(task: TaskSpec, folder: Path) -> Path:
     return folder / "solve.sh"
 
 
-def run_oracle(task: TaskSpec, solve: Path | None, runtime: str, out: Path) -> OracleResult:
+def run_oracle(task: TaskSpec, solve: Path | None, runtime: str, out: Path, own: bool = True) -> OracleResult:
     """solve.sh (a Harbor task's solution/solve.sh; each step's steps/<name>/solution/solve.sh for a multi-step
     task, `solve` unused) on the task's workspace in `out`, then the verifier (after each step). A task without
-    `submit` is verified with the allowlist its oracle's own changes teach (and that is cached for its samples)."""
+    `submit` is verified with the allowlist this run's own changes teach; `own`: `solve` is the task's oracle, so
+    what it taught is kept for the task's samples on this node (not for another script, a do-nothing one say)."""
     name, task, mounts, sandboxes, sandbox = _start(task, runtime, out)
     try:
         stepped = _steps(task, name, sandbox, sandboxes, mounts, out) if task.steps else None
@@ -100,7 +101,8 @@ def run_oracle(task: TaskSpec, solve: Path | None, runtime: str, out: Path) -> O
         result = stepped
     else:
         if task.submit is None:
-            task = dataclasses.replace(task, submit=_remember(task, name, learned(task, mounts.workspace)))
+            taught = learned(task, mounts.workspace)
+            task = dataclasses.replace(task, submit=_remember(task, name, taught) if own else taught)
         evaluation, ground = _verify(task, sandboxes, out, ran)
         result = OracleResult(name, ran, evaluation, allowlist=task.submit, dropped=ground.tampered,
                               notes=ground.notes)

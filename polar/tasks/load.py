@@ -42,9 +42,6 @@ EVALUATOR_KEYS = {"command": {"command", "reward", "reward_file", "timeout_s"},
                   "files": {"files", "timeout_s"},
                   "python": {"python", "timeout_s"},
                   "pytest": {"pytest", "timeout_s"}}
-FROM_ORACLE = ("polar: {file}: {tasks} declare(s) no `submit:`: each one's allowlist is what its oracle (solve.sh, "
-               "gold patch or metadata.fix) created, changed or deleted, learned once per task on each node "
-               "(docs/tasks.md \"submit\")")
 NO_ORACLE = ("polar: {file}: {tasks} declare(s) no `submit:` and ship(s) no oracle: the agent may change or delete the "
              "files the workspace has and add new text files, never pytest configuration, conftest, start-up hooks, "
              "compiled files or standard-library names (docs/tasks.md \"submit\")")
@@ -69,11 +66,12 @@ def load_tasks(path: str | Path, tasks_root: str | Path | Sequence[str | Path] |
     paths may lead (default: POLAR_TASKS_ROOT, else the file's folder and the current directory)."""
     path = Path(path)
     tasks = _load(path, tasks_roots(path, tasks_root))
-    for text, which in ((FROM_ORACLE, True), (NO_ORACLE, False)):
-        bare = [t.task_id for t in tasks if t.submit is None and t.has_oracle is which]
-        if bare:  # one line per task set, however many tasks it names
-            shown = ", ".join(bare[:5]) + (f" and {len(bare) - 5} more" if len(bare) > 5 else "")
-            print(text.format(file=path, tasks=shown), file=sys.stderr, flush=True)
+    # Without `submit`, a task's oracle teaches its allowlist (polar/scoring/oracle.py); without an oracle either,
+    # the default may still drop honest work (a binary answer): one line per task set, however many tasks it names.
+    bare = [t.task_id for t in tasks if t.submit is None and not t.has_oracle]
+    if bare:
+        shown = ", ".join(bare[:5]) + (f" and {len(bare) - 5} more" if len(bare) > 5 else "")
+        print(NO_ORACLE.format(file=path, tasks=shown), file=sys.stderr, flush=True)
     return tasks
 
 

@@ -39,13 +39,14 @@ def test_every_oracle_scores_one_and_doing_nothing_zero(tmp_path, runtime):
     idle.write_text("#!/bin/bash\ntrue\n")
 
     def score(task, solve, label):
-        return task.task_id, label, run_oracle(task, solve, runtime, tmp_path / f"{task.task_id}-{label}")
+        return task.task_id, label, run_oracle(task, solve, runtime, tmp_path / f"{task.task_id}-{label}",
+                                               own=label == "oracle")
 
     tasks = [t for t in load_tasks(DATASET) if runtime == "docker" or t.task_id in ON_APPTAINER]
     with ThreadPoolExecutor(2) as pool:
         runs = [pool.submit(score, t, solution_of(DATASET, t.task_id), "oracle") for t in tasks]
         runs += [pool.submit(score, t, idle, "nothing") for t in tasks]
         table = {(task_id, label): result for task_id, label, result in (r.result() for r in runs)}
-    wrong = {k: (r.exit_code, r.evaluation.reward, r.evaluation.output[-300:]) for k, r in table.items()
-             if r.evaluation.reward != (1.0 if k[1] == "oracle" else 0.0) or r.exit_code != 0}
+    wrong = {k: (r.exit_code, r.evaluation.reward, r.dropped, r.evaluation.output[-300:]) for k, r in table.items()
+             if r.evaluation.reward != (1.0 if k[1] == "oracle" else 0.0) or r.exit_code != 0 or r.dropped}
     assert not wrong, wrong
