@@ -18,6 +18,7 @@ import socket
 import sys
 
 _write, _ascii, _pid = os.write, ascii, os.getpid  # captured before any workspace code could replace them
+GUARD = "polar_guard.py"  # observe_guard.py, copied beside this file
 
 
 def connect(path):
@@ -99,10 +100,11 @@ SENSITIVE = ("pytest_runtest_protocol", "pytest_runtest_makereport", "pytest_run
              "pytest_sessionfinish")
 
 
-def make_watch(pytest, conftests):
-    """(intact, hook_impls, state): the checks, over what pytest's machinery was when this ran (before any
-    workspace code). Their state lives in this closure, not in attributes a workspace module could reach by name."""
-    known = pytest_objects(pytest)
+def make_watch(pytest, conftests, checks):
+    """(intact, hook_impls, state): the checks, over what pytest's machinery and the comparison checks were when
+    this ran (before any workspace code). Their state lives in this closure, not in attributes a workspace module
+    could reach by name."""
+    known = {**pytest_objects(pytest), **checks_state(checks)}
     state = {"broken": None, "impls": None, "config": None, "cls": None, "plugin": None, "own": {}}
 
     def hook_impls():
@@ -127,6 +129,7 @@ def make_watch(pytest, conftests):
         """None, or what changed since the start (remembered: once broken, always broken)."""
         if state["broken"] is None:
             now = pytest_objects(sys.modules["pytest"]) if "pytest" in sys.modules else {}
+            now.update(checks_state(checks))
             changed = [k for k, v in known.items() if now.get(k) is not v]
             changed += [k for k, v in state["own"].items() if vars(state["cls"]).get(k) is not v]
             changed += [k for k in vars(state["plugin"]) if k in state["own"]]
@@ -136,6 +139,23 @@ def make_watch(pytest, conftests):
                 state["broken"] = "pytest internals changed during the run: " + ", ".join(sorted(changed)[:20])
         return state["broken"]
     return intact, hook_impls, state
+
+
+def checks_state(checks):
+    """What the comparison checks are made of (observe_guard.py): the builtins that name them, their functions'
+    code, their instance and class, and the globals of their module, each by identity."""
+    import builtins
+
+    found = {}
+    for name, check in checks.items():
+        func, owner = check.__func__, check.__self__
+        found["builtins." + name] = vars(builtins).get(name)
+        found[name + ".__func__"] = func
+        found[name + ".__code__"] = func.__code__
+        found[name + ".__self__"] = owner
+        for key, value in [*vars(owner).items(), *vars(type(owner)).items(), *func.__globals__.items()]:
+            found["guard." + key] = value
+    return found
 
 
 def outcome_of(phases):
@@ -148,9 +168,10 @@ def outcome_of(phases):
     return "skipped" if "skipped" in outcomes or "xfail" in outcomes else "incomplete"
 
 
-def make_observer(pytest, send, conftests):
-    """The plugin, registered first (before pytest reads any conftest or test file)."""
-    intact, hook_impls, state = make_watch(pytest, conftests)
+def make_observer(pytest, send, conftests, marker, checks):
+    """The plugin, registered first (before pytest reads any conftest or test file); `checks`: the comparison
+    checks installed as builtins (observe_guard.py), watched like pytest's internals."""
+    intact, hook_impls, state = make_watch(pytest, conftests, checks)
     phases = {}
 
     class Observer:
@@ -167,6 +188,9 @@ def make_observer(pytest, send, conftests):
         def pytest_runtest_logreport(self, report):
             outcome = "xfail" if getattr(report, "wasxfail", None) is not None else report.outcome
             phases.setdefault(report.nodeid, []).append((report.when, outcome))
+            text = report.longreprtext if report.failed else ""
+            if marker in text:  # a workspace class's comparison decided an equality check (observe_guard.py)
+                send("comparison", report.nodeid, text[text.index(marker):].splitlines()[0][:300])
 
         def pytest_runtest_logfinish(self, nodeid, location):
             seen = phases.pop(nodeid, [])
@@ -195,7 +219,7 @@ def conftest_files(root):
     return found
 
 
-def run_pytest(send, ini, files, rootdir=None):
+def run_pytest(send, guard, trusted, ini, files, rootdir=None):
     """pytest on the task's files: the task's ini (or Polar's empty one), the workspace (cwd) as rootdir and
     conftest boundary (a Harbor task's: its read-only /tests), importlib imports, no cache; test folders, then
     the workspace, at the END of sys.path (the standard library and pytest come first, whatever the workspace
@@ -211,7 +235,10 @@ def run_pytest(send, ini, files, rootdir=None):
         if d not in sys.path:
             sys.path.append(d)
 
-    plugin = make_observer(pytest, send, conftest_files(rootdir))
+    conftests = conftest_files(rootdir)
+    guard.patch_pytest_rewrite({os.path.realpath(os.path.join(workspace, f)) for f in files})
+    checks = guard.Comparisons(trusted).install()
+    plugin = make_observer(pytest, send, conftests, guard.MARKER, checks)
     args = ["-c", ini, "--rootdir", rootdir, "--confcutdir", rootdir, "-p", "no:cacheprovider",
             "--import-mode=importlib", "-q", "-rfE", "--", *files]
     code = pytest.main(args, plugins=[plugin])
@@ -248,14 +275,45 @@ def run_python(send, evaldir, target, summary_file):
     return 0 if math.isfinite(reward) else 5
 
 
+def load_guard():
+    """observe_guard.py from this file's folder (Polar's, fresh for this run), kept out of sys.modules."""
+    import importlib.util
+
+    here = os.path.dirname(os.path.realpath(__file__))
+    spec = importlib.util.spec_from_file_location("polar_observe_guard", os.path.join(here, GUARD))
+    guard = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(guard)
+    return guard, here
+
+
+def owned_files(here, files, rootdir):
+    """The task's own files, whose comparisons and introspection are trusted: the test files named, a Harbor
+    task's whole /tests (its rootdir), and the files the task staged (owned.txt beside this file)."""
+    listed = os.path.join(here, "owned.txt")
+    owned = [os.path.join(os.getcwd(), f) for f in files]
+    if os.path.isfile(listed):
+        with open(listed) as f:
+            owned += [os.path.join(os.getcwd(), line.rstrip("\n")) for line in f if line.strip()]
+    return owned, ([os.path.realpath(rootdir) + os.sep] if rootdir else [])
+
+
 def main(argv):
     mode, path = argv[0], argv[1]
     fd, nonce = connect(path)
     send = sender(fd, nonce)
     send("start", _pid())
+    guard, here = load_guard()
     if mode == "pytest":  # pytest SOCKET INI [ROOTDIR] -- FILE...
         ini, files, rest = argv[2], argv[argv.index("--") + 1:], argv[3:argv.index("--")]
-        return run_pytest(send, ini, files, rest[0] if rest else None)
+        rootdir = rest[0] if rest else None
+        owned, roots = owned_files(here, files, rootdir)
+    else:  # python SOCKET EVALDIR TARGET SUMMARY: the task's evaluator package is its own
+        owned, roots = [], [os.path.realpath(argv[2]) + os.sep]
+    base, owned_set = guard.trusted_roots(owned)
+    trusted = guard.make_trust(base + tuple(roots), owned_set)
+    guard.install_audit_guard(lambda what: send("guard", what), trusted)  # before any workspace code
+    if mode == "pytest":
+        return run_pytest(send, guard, trusted, ini, files, rootdir)
     return run_python(send, *argv[2:5])
 
 

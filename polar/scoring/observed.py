@@ -15,7 +15,7 @@ from typing import Any
 
 from polar.sandbox.agent_files import AgentFileError, read_beneath
 from polar.sandbox.runtime import Mounts, Sandbox
-from polar.scoring import observe_child
+from polar.scoring import observe_child, observe_guard
 from polar.scoring.evaluation import OUTPUT_LIMIT, Evaluation, EvaluatorCrash, read_tail, task_env, verifier_timeout
 from polar.scoring.observer import Channel, Records, judge
 from polar.tasks.expected import expected_tests
@@ -24,6 +24,7 @@ from polar.tasks.task import EvaluatorSpec
 RUNNER = "polar_observe.py"
 COPY_LIMIT = 32 << 20  # bytes of a python evaluator's package copied into the sandbox at most
 EMPTY_INI = "pytest.ini"  # Polar's own, empty: no workspace configuration is read
+OWNED = "owned.txt"  # the workspace paths of the task's own staged files, one a line (polar/scoring/verify.py)
 
 
 def runner_folder(mounts: Mounts, name: str = "observer") -> Path:
@@ -32,6 +33,9 @@ def runner_folder(mounts: Mounts, name: str = "observer") -> Path:
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     shutil.copyfile(observe_child.__file__, folder / RUNNER)
+    shutil.copyfile(observe_guard.__file__, folder / observe_child.GUARD)
+    if (mounts.shared / OWNED).is_file():  # the task's staged files (prepare_verify)
+        shutil.copyfile(mounts.shared / OWNED, folder / OWNED)
     (folder / EMPTY_INI).write_text("[pytest]\n")
     return folder
 
@@ -101,6 +105,9 @@ def _python_verdict(spec: EvaluatorSpec, records: Records, output: str, code: in
             raise EvaluatorCrash(f"{spec.python} {what}: {records.of(kind)[0][0][:300]}", output)
     if not records.of("imported"):
         raise EvaluatorCrash(f"{spec.python} failed before it was imported (exit {code})", output)
+    if guarded := [f"introspection stopped: {f[0]}" for f in records.of("guard") if f]:  # observe_guard.py
+        why = f"{spec.python}: the code under test reached for Polar's runner"
+        return Evaluation(0.0, output + f"\n[polar] {why}: reward 0", code, why, flagged=tuple(guarded[:5]))
     if records.of("raised"):  # it raised on the agent's files: the workspace's failure
         why = f"{spec.python} raised on the workspace"
         return Evaluation(0.0, output + records.of("raised")[0][0] + f"\n[polar] {why}: reward 0", code, why)

@@ -134,6 +134,8 @@ def judge(expected: list[str], records: Records) -> Verdict:
     plain 0; a test that is missing without one is flagged."""
     flags = list(records.bad)
     flags += [f"pytest internals: {f[0]}" for f in records.of("tampered") if f]
+    flags += [f"introspection stopped: {f[0]}" for f in records.of("guard") if f]  # observe_guard.py's audit hook
+    flags += [f"{f[0]}: {f[1]}" for f in records.of("comparison") if len(f) == 2]  # a workspace class's __eq__
     ends = records.of("end")
     if len(ends) != 1:
         flags.append("the runner ended without pytest's session end (the process exited early)" if not ends

@@ -37,8 +37,10 @@ class Submit:
     source: str = "task"  # who wrote this allowlist: task (its file) | oracle (its solution's changes) | default
 
     def to_dict(self) -> dict[str, Any]:
-        return {"files": list(self.globs), "existing": self.existing, "binary": self.binary, "new": self.new,
-                "executable": list(self.executable), "source": self.source}
+        """A task file's `submit` mapping (SUBMIT_KEYS), and who wrote it when that is not the task."""
+        data = {"files": list(self.globs), "existing": self.existing, "binary": self.binary, "new": self.new,
+                "executable": list(self.executable)}
+        return data if self.source == "task" else {**data, "source": self.source}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None) -> Submit | None:

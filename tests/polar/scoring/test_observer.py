@@ -131,9 +131,10 @@ def test_pytest_internals_changed_by_the_module_under_test(tmp_path) -> None:
 
 def test_records_written_into_the_channel_by_workspace_code(tmp_path) -> None:
     """calc.py finds the channel's socket among its fds and writes a passing report and a session end of its
-    own, then exits: without the runner's nonce those lines are not Polar's, and the run scores 0."""
+    own, then exits: without the runner's nonce those lines are not Polar's, and the run scores 0. (Listing
+    /proc/self/fd to find it is stopped before: tests/polar/scoring/test_observe_guard.py.)"""
     hack = ("import os, stat\n"
-            "for fd in map(int, os.listdir('/proc/self/fd')):\n"
+            "for fd in range(3, 256):\n"
             "    try:\n"
             "        if stat.S_ISSOCK(os.fstat(fd).st_mode):\n"
             "            os.write(fd, b\"x\\t2\\ttest\\t'tests/test_calc.py::test_add'\\t'passed'\\n\"\n"
@@ -156,14 +157,16 @@ def test_links_special_files_and_exec_bits_do_not_come_in(tmp_path) -> None:
 
 
 def test_a_task_without_submit_runs_with_the_default(tmp_path) -> None:
-    """No `submit:`: the files the workspace has may change (the fix pays), nothing may be added."""
+    """No `submit:` (and no oracle consulted here): the files the workspace has may change (the fix pays), new text
+    files come in, pytest's configuration does not."""
     task = fix_calc(submit=None)
 
     def edit(ws: Path) -> None:
-        (ws / "calc.py").write_text("def add(a, b):\n    return a + b\n")
-        (ws / "helper.py").write_text("X = 1\n")
+        (ws / "calc.py").write_text("from helper import X\n\ndef add(a, b):\n    return a + b + X\n")
+        (ws / "helper.py").write_text("X = 0\n")
+        (ws / "conftest.py").write_text("import os\nos._exit(0)\n")
     result, ground = verify(tmp_path, edit, task)
-    assert result.reward == 1.0 and ground.tampered == ("helper.py",)
+    assert result.reward == 1.0 and ground.tampered == ("conftest.py",)
 
 
 def test_a_non_utf8_name_in_home_and_workspace_is_named_printably(tmp_path) -> None:
