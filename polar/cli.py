@@ -17,6 +17,7 @@ SUBCOMMANDS = {
     "report": "polar.report.cli",
     "api": "workers.api.cli",
     "redteam": "polar.redteam.cli",
+    "tasks": "polar.scoring.check",
     "train": "workers.train",
 }
 

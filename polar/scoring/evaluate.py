@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import shutil
 import stat
 from pathlib import Path
@@ -121,6 +122,10 @@ def _harbor(spec: EvaluatorSpec, sandbox: Sandbox, mounts: Mounts, out: Path, ti
     if problem is not None:
         return Evaluation(0.0, output + f"\n[polar] {problem}: reward 0", result.exit_code, problem,
                           flagged=(*flags, f"harbor: {problem}"))
+    if seen.observed and seen.share == 1.0 and not flags and (reward or 0.0) < 1.0:  # the tests pass, test.sh not
+        wrote = "no reward" if reward is None else f"{reward:g}"
+        output += (f"\n[polar] Polar's observer saw every test pass, but test.sh wrote {wrote}; test.sh's last "
+                   f"error: {_last_error(output)}")
     if reward is None:
         return Evaluation(0.0, output + f"\n[polar] test.sh exited {result.exit_code} and wrote no "
                                         "/logs/verifier/reward.txt or reward.json: reward 0", result.exit_code,
@@ -133,6 +138,16 @@ def _harbor(spec: EvaluatorSpec, sandbox: Sandbox, mounts: Mounts, out: Path, ti
         return Evaluation(seen.share, output + f"\n[polar] {flags[-1]}: reward {seen.share:g}", result.exit_code,
                           flagged=tuple(flags))
     return Evaluation(reward, output, result.exit_code, rewards=rewards)
+
+
+ERROR_LINE = re.compile(r"error|not found|denied|fatal|no such|cannot|failed|unable", re.I)
+
+
+def _last_error(output: str) -> str:
+    """test.sh's last line that reads like an error (its last line when none does), for the one-line cause."""
+    lines = [line.strip() for line in output.splitlines() if line.strip() and not line.startswith("[polar]")]
+    found = [line for line in lines if ERROR_LINE.search(line)]
+    return ((found or lines or ["(no output)"])[-1])[:300]
 
 
 def _clear_logs(logs: Path) -> list[str]:

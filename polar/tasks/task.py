@@ -192,10 +192,11 @@ class TaskSpec:
 
     @property
     def has_oracle(self) -> bool:
-        """The task set ships an honest solution: a Harbor solve.sh, an SWE gold patch or a `metadata.fix` command."""
+        """The task set ships an honest solution: a Harbor solve.sh (each step's, for a multi-step task), an SWE gold
+        patch or a `metadata.fix` command."""
         swe, fix = self.metadata.get("swe"), self.metadata.get("fix")
-        return (self.solution is not None or (isinstance(swe, Mapping) and bool(swe.get("patch")))
-                or (isinstance(fix, str) and bool(fix.strip())))
+        return (self.solution is not None or any(s.solution for s in self.steps)
+                or (isinstance(swe, Mapping) and bool(swe.get("patch"))) or (isinstance(fix, str) and bool(fix.strip())))
 
     def sandbox_limits(self) -> Limits:
         """The limits of this task's sandboxes: the node's defaults, with the task's memory and CPUs."""

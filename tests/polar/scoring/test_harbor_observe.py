@@ -153,3 +153,19 @@ def test_logs_replaced_by_a_link_to_the_host_are_never_followed(tmp_path, target
     result, _ground = verify(task, "bwrap", out, before)
     assert (victim / "keep.txt").read_text() == "mine\n" and sorted(p.name for p in victim.iterdir()) == ["keep.txt"]
     assert result.reward == 0.0 and "harbor: /logs/verifier replaced" in "\n".join(result.flagged), result.output
+
+
+def test_tests_that_pass_and_a_test_sh_that_writes_0_say_why_in_one_line(tmp_path) -> None:
+    """test.sh installs its runner first and fails offline (terminal-bench's uvx): Polar's observer saw every test
+    pass, so the sample says test.sh wrote 0 and test.sh's last error."""
+    task_dir = tmp_path / "fix-mul"
+    subprocess.run(["cp", "-r", str(HARBOR / "fix-mul"), str(task_dir)], check=True)
+    (task_dir / "tests" / "test.sh").write_text(
+        "#!/bin/bash\nif uvx -w pytest==8.4.1 pytest /tests/test_mul.py; then echo 1 > /logs/verifier/reward.txt\n"
+        "else echo 0 > /logs/verifier/reward.txt; fi\n")
+    task = load_tasks(task_dir)[0]
+    result = run_oracle(task, solution_of(task_dir, "fix-mul"), "bwrap", tmp_path / "oracle")
+    assert result.evaluation.reward == 0.0
+    line = [x for x in result.evaluation.output.splitlines() if "saw every test pass" in x]
+    assert line == ["[polar] Polar's observer saw every test pass, but test.sh wrote 0; test.sh's last error: "
+                    "/tests/test.sh: line 2: uvx: command not found"], result.evaluation.output
