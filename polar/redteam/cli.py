@@ -3,10 +3,12 @@ or Harbor folder, each a scripted policy making one shell call through a real ha
 task (its `metadata.fix` command, or a Harbor task's solution/solve.sh) beside them. Prints one row per case
 (hack, task, runtime, status, reward, flagged, verdict) and each runtime's wall time; exits 1 when any hack
 paid (reward above the task's lowest), chose to be masked, scored 0 unnamed where it must be named, or an honest
-run failed to score the top reward. docs/tasks.md "Red team"."""
+run failed to score the top reward; first, `polar tasks check` of the task set (--no-honest skips both).
+docs/tasks.md "Red team"."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -14,7 +16,7 @@ from pathlib import Path
 
 from polar.harness.adapters import AdapterError, load_adapter
 from polar.redteam.hacks import BY_NAME, HACKS, facts_of
-from polar.redteam.runner import Plan, Row, Runner, cases_of
+from polar.redteam.runner import IMAGELESS, Plan, Row, Runner, cases_of
 from polar.run.services import ROOT, ServiceError
 from polar.sandbox.runtime import RUNTIMES
 from polar.tasks.load import load_tasks
@@ -94,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     out = (args.out or Path("runs") / f"redteam-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     out.mkdir(parents=True, exist_ok=True)
+    misses = 0 if args.no_honest else check_first(plan, out / "tasks-check", args.jobs)
     print(f"polar redteam: {len(cases)} cases ({len(plan.hacks)} hacks, {len(plan.tasks)} tasks, "
           f"{', '.join(plan.runtimes)}), {args.jobs} at a time; samples in {out}", file=sys.stderr)
     runner = Runner(out, adapter, args.model.resolve(), max(1, args.jobs),
@@ -109,7 +112,23 @@ def run(args: argparse.Namespace) -> int:
     else:
         print("\n".join(table(rows)))
         print("\n".join(summary(rows, runner.walls)))
-    return 0 if all(r.verdict in GOOD for r in rows) else 1
+    return 0 if all(r.verdict in GOOD for r in rows) and not misses else 1
+
+
+def check_first(plan: Plan, out: Path, jobs: int) -> int:
+    """`polar tasks check` of the task set in each runtime, before any hack: a task whose oracle does not score or
+    that pays for nothing makes every hack's verdict meaningless. The number of misses."""
+    from polar.scoring.check import check_tasks, table
+
+    misses = 0
+    for runtime in plan.runtimes:
+        image = lambda t: "host" if runtime in IMAGELESS else (plan.image or t.image)  # noqa: E731 - as the cases
+        tasks = [dataclasses.replace(t, image=image(t)) for t, _facts, _honest in plan.tasks]
+        print(f"polar redteam: polar tasks check first ({len(tasks)} tasks, {runtime})", file=sys.stderr, flush=True)
+        checks = check_tasks(tasks, runtime, out / runtime, max(1, jobs))
+        print("\n".join(table(checks)), file=sys.stderr, flush=True)
+        misses += sum(c.verdict == "MISS" for c in checks)
+    return misses
 
 
 def cells(row: Row) -> tuple[str, ...]:
