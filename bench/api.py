@@ -28,12 +28,12 @@ sys.path.insert(0, str(ROOT))
 import httpx  # noqa: E402
 import yaml  # noqa: E402
 
+from polar import PolarClient  # noqa: E402
 from polar.run.services import context_view  # noqa: E402
 from polar_mitm.launch import free_port  # noqa: E402
 from polar_serve.launch import reference_server  # noqa: E402
 from tests.redis_server import redis_server  # noqa: E402
 from tests.workers.cluster import node_env, start_node  # noqa: E402
-from workers.client import PolarClient  # noqa: E402
 
 POLICY = ROOT / "fixtures" / "policies" / "plain-answer.yaml"
 TOKEN = "bench-token-" + "x" * 16

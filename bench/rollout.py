@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 import yaml  # noqa: E402
 
 from bench.peers import in_namespace, service, stub_command  # noqa: E402
-from workers.client import PolarClient  # noqa: E402
+from polar import PolarClient  # noqa: E402
 from polar.run.services import context_view  # noqa: E402
 from polar_mitm.launch import free_port  # noqa: E402
 from polar_serve.launch import reference_server  # noqa: E402

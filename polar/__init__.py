@@ -1,6 +1,6 @@
 """polar: the command line (polar.cli) and the single-machine side of Polar: run/, tasks/, scoring/, harness/,
-sandbox/, report/; and the SDK over HTTP, `from polar import PolarClient` (polar/client.py, loaded on first use so
-`polar` commands do not pay for httpx)."""
+sandbox/, report/; and the SDK, `from polar import PolarClient` (polar/client.py: over HTTP or a Redis broker,
+loaded on first use so `polar` commands do not pay for httpx)."""
 from __future__ import annotations
 
 from typing import Any

@@ -1,5 +1,5 @@
-"""A batch's progress: the counts both clients hand back (the Redis one, workers/client.py via workers/batches.py,
-and the HTTP one, polar/client.py), so neither needs the other's package."""
+"""A batch's progress: the counts PolarClient's batches hand back over either transport (Redis, workers/client.py
+via workers/batches.py; HTTP, polar/client.py), so neither needs the other's package."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass

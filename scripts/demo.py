@@ -97,7 +97,7 @@ def summary_lines(batch_dir: Path, wall_s: float) -> list[str]:
 
 
 def run_batch(args: argparse.Namespace, out: Path) -> Path:
-    from workers.client import PolarClient
+    from polar import PolarClient
     from polar.run.local_redis import private_redis
     from polar.run.services import context_view, reference_server, worker_node
     from workers.cli import follow

@@ -35,11 +35,11 @@ def main() -> int:
     from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
 
     from polar.trl.async_worker import PolarRolloutWorker
+    from polar import PolarClient
     from polar.trl.local import local_cluster
     from polar.trl.rollouts import PolarRollouts, RolloutConfig, polar_reward
     from polar.trl.task import write_tasks
     from polar.trl.weights import FenceWeightTransfer, engine_versions
-    from workers.client import PolarClient
 
     if not torch.cuda.is_available():
         print("gpu_check: no CUDA device: AsyncGRPOTrainer needs one", file=sys.stderr)

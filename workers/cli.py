@@ -78,9 +78,9 @@ def _broker(p: argparse.ArgumentParser) -> None:
 
 
 def _client(args: argparse.Namespace):
-    from workers.client import PolarClient
+    from workers.client import RedisTransport
 
-    return PolarClient(args.broker, args.sessions)
+    return RedisTransport(args.broker, args.sessions)
 
 
 def unreachable(args: argparse.Namespace, command: str) -> str | None:

@@ -1,12 +1,13 @@
-"""Submit batches of tasks to the rollout workers (`celery -A workers worker`) and read back one trajectory table.
+"""PolarClient's Redis transport (polar/client.py picks it for a broker URL): batches go straight to the rollout
+workers (`celery -A workers worker`) through the broker, and come back as one trajectory table.
 
-    client = PolarClient("redis://127.0.0.1:6379/1")        # or PolarClient("http://HOST:50051", token=…): polar api
+    client = PolarClient("redis://127.0.0.1:6379/1")        # from polar import PolarClient
     batch = client.submit("fixtures/tasks/demo.yaml", group_size=4, min_groups=None, out="runs/batches")
     batch.wait(timeout=600); df = batch.trajectories()      # rewards, advantages, weights per row
     client.pause(); <update the engine's weights>; client.resume()   # the weight-sync fence
 
-The batch folder (`out/<batch_id>`, on storage every node sees) holds the manifest, the samples and
-`trajectories/`, one Parquet part per finished group.
+`polar submit|status|node|policy` and `polar api` use the transport itself. The batch folder (`out/<batch_id>`, on
+storage every node sees) holds the manifest, the samples and `trajectories/`, one Parquet part per finished group.
 """
 from __future__ import annotations
 
@@ -22,15 +23,9 @@ from workers import batches, liveness, steps
 from workers.manifest import Manifest, new_batch_id, plan, read_manifest, write_manifest
 from workers.settings import DEFAULT_BROKER, PUBLISH_RETRY, sessions_url
 
-class PolarClient:
-    def __new__(cls, broker: str = DEFAULT_BROKER, *args: Any, **kwargs: Any) -> Any:
-        """`http(s)://HOST:PORT` or a bare `HOST:PORT`: the same methods over `polar api` (workers/api/client.py,
-        token=…); a redis:// or socket URL: this client."""
-        if isinstance(broker, str) and (broker.startswith(("http://", "https://")) or "://" not in broker):
-            from workers.api.client import HttpClient
 
-            return HttpClient(broker if "://" in broker else f"http://{broker}", *args, **kwargs)
-        return super().__new__(cls)
+class RedisTransport:
+    """The broker, the batches' state in Redis and the fence's sessions Redis, as PolarClient's transport."""
 
     def __init__(self, broker: str = DEFAULT_BROKER, sessions: str | None = None, liveness_s: float = 30.0) -> None:
         from celery import Celery
@@ -113,10 +108,6 @@ class PolarClient:
     def batch(self, batch_id: str) -> "Batch":
         return Batch(self, read_manifest(batches.info(self.redis, batch_id)["manifest"]))
 
-    def get_trajectories(self, batch_id: str):
-        """A batch's trajectories as a pandas DataFrame (as the HTTP client's)."""
-        return self.batch(batch_id).trajectories()
-
     def pause(self, timeout_s: float = 120.0) -> None:
         """Every node's proxy holds new LLM calls; returns once in-flight calls have drained."""
         from polar_mitm.gate.fence import pause
@@ -135,8 +126,8 @@ class PolarClient:
 
 
 class Batch:
-    def __init__(self, client: PolarClient, manifest: Manifest) -> None:
-        self.client, self.manifest = client, manifest
+    def __init__(self, transport: RedisTransport, manifest: Manifest) -> None:
+        self.transport, self.manifest = transport, manifest
 
     @property
     def batch_id(self) -> str:
@@ -147,7 +138,7 @@ class Batch:
         return self.manifest.batch_dir
 
     def progress(self) -> batches.Progress:
-        return batches.progress(self.client.redis, self.batch_id)
+        return batches.progress(self.transport.redis, self.batch_id)
 
     def settled(self, p: batches.Progress) -> bool:
         """Finished, and no sample is still cleaning up."""
@@ -160,7 +151,7 @@ class Batch:
         Each poll also reassigns what lost nodes held, so a batch finishes without them."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            self.client.reap()
+            self.transport.reap()
             p = self.progress()
             if on_progress is not None:
                 on_progress(p)
@@ -172,10 +163,10 @@ class Batch:
 
     def cancel(self) -> bool:
         """Queued samples never start; running ones stop and their sandboxes go. False if already finished."""
-        return steps.stop_batch(self.client.redis, self.client.messages.revoke, self.batch_id)
+        return steps.stop_batch(self.transport.redis, self.transport.messages.revoke, self.batch_id)
 
     def samples(self) -> dict[str, dict[str, Any]]:
-        return batches.samples(self.client.redis, self.batch_id)
+        return batches.samples(self.transport.redis, self.batch_id)
 
     def results(self) -> list[dict[str, Any]]:
         """The SampleResults of the samples that finished (done or masked)."""

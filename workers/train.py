@@ -79,10 +79,10 @@ def train_run(out: Path, config: Any, tasks: Path | None = None, adapter: str | 
               concurrency: int = 2, on_step: Callable[[Any], None] | None = None) -> list[Any]:
     """`polar.trl.grpo.train` on `tasks` (None: the vowel task, one per group), locally or on a running service;
     writes OUT/steps.json after each step (whole or not at all)."""
+    from polar.client import PolarClient
     from polar.trl.grpo import train
     from polar.trl.local import local_cluster
     from polar.trl.task import write_tasks
-    from workers.client import PolarClient
 
     out.mkdir(parents=True, exist_ok=True)
     if tasks is None:

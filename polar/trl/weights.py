@@ -28,7 +28,7 @@ class SyncTimes:
 
 @dataclass
 class FenceWeightTransfer:
-    client: Any  # workers.client.PolarClient: pause()/resume() are the fence
+    client: Any  # polar.client.PolarClient: pause()/resume() are the fence
     engines: list[str]  # every engine replica's base URL
     base_model: Path  # its config files go beside each checkpoint
     folder: Path  # shared with the engines: checkpoints land in folder/v<version>

@@ -58,7 +58,7 @@ class Nodes(Cluster):
     def __init__(self, *args, redis: Redis, envs: dict[str, dict[str, str]]) -> None:
         super().__init__(*args)
         self.redis, self.envs = redis, envs
-        self.client.liveness_s = LIVENESS_S
+        self.client.transport.liveness_s = LIVENESS_S
 
     def restart(self, name: str) -> Node:
         """The node again under the same name (its old log kept beside the new one)."""
@@ -194,8 +194,9 @@ def test_a_killed_node_loses_no_sample(nodes: Nodes, capsys):
     node = nodes.restart("n1")
     for sid, (task, attempt) in stale.items():
         for name in ("run", "postrun"):
-            nodes.client.messages.enqueue(f"workers.stage_tasks.{name}", [str(batch.dir / "batch.json"), sid, attempt],
-                                          queue=f"n1.{name}", task_id=task)
+            nodes.client.transport.messages.enqueue(f"workers.stage_tasks.{name}",
+                                                    [str(batch.dir / "batch.json"), sid, attempt],
+                                                    queue=f"n1.{name}", task_id=task)
     wait_for(lambda: node.log.read_text(errors="replace").count("discarded a stale") >= 2 * len(stale), 60,
              "the stale messages discarded")
     assert {s: (batch.dir / "samples" / s / "result.json").read_bytes() for s in results} == before
@@ -288,5 +289,5 @@ def test_a_redis_restart_loses_nothing(nodes: Nodes):
     assert "queued" in stages or "prepare" in stages  # some were still waiting
     assert all(r["reassigned_from"] == [] for r in results.values())  # nobody was declared lost
     assert sorted(n.state for n in nodes.client.nodes()) == ["alive", "alive"]
-    assert steps.reap(nodes.client.redis, nodes.client.messages.enqueue) == []
-    assert liveness.silent_nodes(nodes.client.redis) == []
+    assert steps.reap(nodes.client.transport.redis, nodes.client.transport.messages.enqueue) == []
+    assert liveness.silent_nodes(nodes.client.transport.redis) == []

@@ -22,7 +22,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from workers.client import PolarClient
+from polar import PolarClient
 from polar.run.services import context_view
 from polar_mitm.launch import free_port
 from polar_traj.reading import SessionFile, read_session

@@ -110,7 +110,7 @@ class BadRequest(ValueError):
 
 @dataclass(frozen=True)
 class Submission:
-    """What a body asks for, in the client's terms (workers/client.py PolarClient.submit)."""
+    """What a body asks for, in the client's terms (workers/client.py RedisTransport.submit)."""
 
     tasks: list[dict[str, Any]]
     group_size: int

@@ -1,4 +1,4 @@
-"""What `polar api`'s routes do, as plain methods over the Redis client (workers/client.py) and the batches'
+"""What `polar api`'s routes do, as plain methods over the Redis transport (workers/client.py) and the batches'
 folders on shared storage; the routes (workers/api/app.py) only parse and answer."""
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from workers import batches, events
 from workers.api.callback_policy import CallbackPolicy, CallbackRefused
 from workers.api.callbacks import API_PREFIX, batch_meta, callback_status
 from workers.api.models import BadRequest, Submission
-from workers.client import PolarClient
+from workers.client import RedisTransport
 from workers.manifest import new_batch_id, read_manifest, result_path
 
 
@@ -42,7 +42,7 @@ class NotFound(KeyError):
 class Service:
     def __init__(self, config: ApiConfig) -> None:
         self.config = config
-        self.client = PolarClient(config.broker, config.sessions)
+        self.client = RedisTransport(config.broker, config.sessions)
         self.r = self.client.redis
         self.callbacks = CallbackPolicy.of(config.callback_hosts)
 

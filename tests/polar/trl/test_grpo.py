@@ -13,13 +13,13 @@ from pathlib import Path
 import httpx
 import pytest
 
+from polar import PolarClient
 from polar.trl.grpo import TrainConfig, train
 from polar.trl.local import local_cluster
 from polar.trl.task import write_tasks
 from polar.trl.rollouts import PolarRollouts, RolloutConfig
 from polar.trl.weights import FenceWeightTransfer, engine_versions
 from polar_traj.reading import SessionFile, read_session
-from workers.client import PolarClient
 
 STEPS, GROUPS, GROUP_SIZE = 3, 2, 4
 TWO_CALLS = str(Path(__file__).with_name("two-call.yaml"))

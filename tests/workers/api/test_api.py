@@ -19,12 +19,12 @@ import httpx
 import pyarrow.parquet as pq
 import pytest
 
+from polar import PolarClient
 from polar.run.services import context_view
 from polar_mitm.launch import free_port
 from polar_traj import read
 from tests.workers.cluster import Node, node_env, start_node
 from workers.api.callbacks import verify
-from workers.client import PolarClient
 
 pytestmark = pytest.mark.slow
 
