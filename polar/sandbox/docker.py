@@ -44,6 +44,7 @@ from polar.sandbox import bridge, seccomp, supervisor
 from polar.sandbox.build_context import ContextError, caps_from_env, context_digest, missing_image, pull_policy
 from polar.sandbox.apptainer import read_only_binds
 from polar.sandbox.identity import Identity, sandbox_identity
+from polar.sandbox.image_names import MAP_ENV, image_map, mapped, qualified
 from polar.sandbox.limits import DEFAULT_LIMITS, Limits
 from polar.sandbox.runtime import ExecResult, Mounts, SandboxError, _copy, bridged, run_as
 
@@ -141,22 +142,33 @@ def image_ref(engine: Engine, image: str) -> str:
     if path.name == "Dockerfile" and path.is_file():
         return build_dockerfile(engine, path)
     if image.startswith("docker://") or not path.exists():
-        ref = image.removeprefix("docker://")
-        if not _exists(engine, ref):
-            try:
-                policy = pull_policy()
-            except ContextError as e:
-                raise SandboxError(f"docker runtime: {e}") from e
-            if policy == "never":
-                raise SandboxError(missing_image(ref, engine.kind))
-            engine.run(["pull", "--quiet", ref])
-        return ref
+        return present(engine, image.removeprefix("docker://"))
     if path.is_dir():
         return import_rootfs(engine, path)
     if tarfile.is_tarfile(path):
         return load_tarball(engine, path)
     raise SandboxError(f"docker runtime: image {image} is neither an OCI reference, a `docker save` tarball nor a "
                        "root filesystem directory (a SIF is Apptainer's: --runtime apptainer)")
+
+
+def present(engine: Engine, ref: str) -> str:
+    """The name this node runs `ref` by: as written when it is here, else the operator's mapped reference
+    (POLAR_IMAGE_MAP), else its qualified name (polar/sandbox/image_names.py); pulled when missing only with
+    POLAR_PULL=missing, else SandboxError naming both ways to provide it."""
+    if _exists(engine, ref):
+        return ref
+    try:
+        source = mapped(ref, image_map()) or qualified(ref)
+        policy = pull_policy()
+    except (ContextError, ValueError) as e:
+        raise SandboxError(f"docker runtime: {e}") from e
+    if _exists(engine, source):
+        return source
+    if policy == "never":
+        raise SandboxError(missing_image(source, engine.kind)
+                           + f", or map {ref} to a reachable one in {MAP_ENV}")
+    engine.run(["pull", "--quiet", source])
+    return source
 
 
 def build_dockerfile(engine: Engine, dockerfile: Path) -> str:
@@ -171,9 +183,11 @@ def build_dockerfile(engine: Engine, dockerfile: Path) -> str:
     if _exists(engine, tag):
         return tag
     for base in dockerfile_bases(dockerfile.read_text(errors="replace")):
-        if not _exists(engine, base):
-            raise SandboxError(f"docker runtime: {dockerfile}: base image {base} is not on this node (samples build "
-                               f"without a registry: `{engine.kind} pull` or `load` it here first)")
+        if not _exists(engine, base):  # the build finds it under its own name, as the Dockerfile writes it
+            try:
+                engine.run(["tag", present(engine, base), base])
+            except SandboxError as e:
+                raise SandboxError(f"docker runtime: {dockerfile}: base {str(e).removeprefix('docker runtime: ')}")
     never = ["--pull=never"] if engine.kind == "podman" else []
     engine.run(["build", "--network", "none", *never, "-t", tag, "-f", str(dockerfile), str(context)],
                timeout=BUILD_TIMEOUT_S)

@@ -27,7 +27,10 @@ def resolve_image_task(task: TaskSpec, runtime: str) -> TaskSpec:
     except SandboxError as e:
         raise SandboxError(f"{runtime} runtime: image {task.image} is an OCI image, which needs podman or docker on "
                            f"this node: {e}") from None
-    facts = inspect_image(engine, image_ref(engine, task.image))
+    try:
+        facts = inspect_image(engine, image_ref(engine, task.image))
+    except SandboxError as e:  # the engine builds or pulls the image for Apptainer too: name the runtime in use
+        raise SandboxError(str(e).replace("docker runtime:", f"{runtime} runtime:", 1)) from None
     workdir = task.workdir or facts.workdir
     variables = {**facts.env, **task.env}
     changes: dict[str, Any] = {"image": facts.ref, "workdir": workdir, "env": MappingProxyType(variables),

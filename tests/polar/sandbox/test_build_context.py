@@ -87,7 +87,8 @@ def test_a_missing_image_is_not_pulled_by_default(tmp_path: Path, monkeypatch):
         image_ref(engine, "registry.invalid/nowhere:1")
     assert str(e.value) == ("docker runtime: image registry.invalid/nowhere:1 is not on this node and POLAR_PULL is "
                             "never (the default): `podman pull registry.invalid/nowhere:1` (or `load`) it here "
-                            "first, or set POLAR_PULL=missing to let samples pull")
+                            "first, or set POLAR_PULL=missing to let samples pull, or map registry.invalid/"
+                            "nowhere:1 to a reachable one in POLAR_IMAGE_MAP")
     assert "pull" not in log.read_text()
     monkeypatch.setenv("POLAR_PULL", "missing")
     with pytest.raises(SandboxError, match="podman pull --quiet` failed"):
