@@ -20,10 +20,11 @@ from polar.run.causes import cause_lines
 from polar.run.sample import SampleConfig, SampleResult, run_sample
 from polar.run.services import ROOT, ServiceError, running_proxy
 from polar.run.session import EngineConfig, RunConfig, run_session
+from polar.run.preflight import first_message, lacks
 from polar.sandbox.runtime import RUNTIMES, SandboxError, names_oci_image, resolve_runtime
 from polar.sandbox.supervisor import supervising
 from polar.scoring.evaluate import EvaluatorCrash
-from polar.tasks.load import load_tasks, refuse_online, select_task
+from polar.tasks.load import load_tasks, select_task
 from polar.tasks.task import TaskError, TaskSpec
 from polar_mitm.cli import engine_model_mismatch, tokenizer_problem
 from polar_mitm.launch import ProxyProcess
@@ -187,11 +188,12 @@ def run_task(args: argparse.Namespace) -> int:
         return 2
     try:
         task = select_task(load_tasks(args.task, args.tasks_root), args.task_id, args.task)
-        refuse_online([task], args.run_offline, args.task)
         if args.image:
             as_is = args.image == "host" or names_oci_image(args.image)
             image = args.image if as_is else str(Path(args.image).resolve())
             task = dataclasses.replace(task, image=image)
+        if problems := lacks(task, args.runtime, args.run_offline):  # all of them at once, each with its fix
+            raise ValueError(first_message(task, problems))
         if args.runtime in ("bwrap", "local") and task.image not in (None, "host"):
             # these runtimes show the host's own system: say so rather than ignore the image in silence
             print(f"polar run: note: --runtime {args.runtime} runs on this host's system, not task "

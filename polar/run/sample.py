@@ -34,6 +34,7 @@ from typing import Any, Iterator
 
 from polar.harness.adapters import AdapterSpec
 from polar.run.local_redis import private_redis
+from polar.run.preflight import gpu_shortfall
 from polar.run.multistep import finish_steps, prepare_steps, run_steps, step_results, step_sessions
 from polar.run.services import SessionLogin, new_session
 from polar.run.session import (DEFAULT_CONFDIR, HARNESS_BIN, TOOLS_BIN, EngineConfig, HarnessSetup, capture_files,
@@ -43,7 +44,7 @@ from polar.run.summary import CONTENT_FAILURE, WorkspaceTooLarge, build_trajecto
 from polar.run.state import SampleState, load_state
 from polar.sandbox import quota, supervisor
 from polar.sandbox.occupancy import occupying
-from polar.sandbox.runtime import Mounts, Sandbox, get_runtime, resolve_runtime
+from polar.sandbox.runtime import Mounts, Sandbox, SandboxError, get_runtime, resolve_runtime
 from polar.run.artifacts import keep_artifacts
 from polar.scoring.evaluate import Evaluation, EvaluatorCrash, evaluate
 from polar.scoring.evaluation import script_failure
@@ -148,6 +149,8 @@ def prepare_sample(cfg: SampleConfig, engine: EngineConfig, proxy: ProxyProcess)
 
 
 def _prepare(cfg: SampleConfig, proxy: ProxyProcess, state: SampleState) -> None:
+    if (short := gpu_shortfall(cfg.task)) is not None:  # the node's lack, never the agent's
+        raise SandboxError(f"task {cfg.task.task_id} needs {short}")
     state.runtime = resolve_runtime(cfg.runtime, cfg.task.image)
     state.task = task = resolve_image_task(cfg.task, state.runtime)  # the image's workdir, files and variables
     _agent_disk(state)

@@ -151,22 +151,28 @@ def image_ref(engine: Engine, image: str) -> str:
                        "root filesystem directory (a SIF is Apptainer's: --runtime apptainer)")
 
 
+def local_name(engine: Engine, ref: str, table: Mapping[str, str]) -> str | None:
+    """The name `ref` has on this node: as written, the operator's mapped reference, or its qualified name;
+    None when none of them is here."""
+    for name in dict.fromkeys((ref, mapped(ref, dict(table)), qualified(ref))):
+        if name and _exists(engine, name):
+            return name
+    return None
+
+
 def present(engine: Engine, ref: str) -> str:
-    """The name this node runs `ref` by: as written when it is here, else the operator's mapped reference
-    (POLAR_IMAGE_MAP), else its qualified name (polar/sandbox/image_names.py); pulled when missing only with
-    POLAR_PULL=missing, else SandboxError naming both ways to provide it."""
-    if _exists(engine, ref):
-        return ref
+    """The name this node runs `ref` by (local_name), else the operator's mapped reference (POLAR_IMAGE_MAP) or
+    its qualified name (polar/sandbox/image_names.py) pulled, only with POLAR_PULL=missing; else SandboxError
+    naming the ways to provide it."""
     try:
-        source = mapped(ref, image_map()) or qualified(ref)
-        policy = pull_policy()
+        table, policy = image_map(), pull_policy()
     except (ContextError, ValueError) as e:
         raise SandboxError(f"docker runtime: {e}") from e
-    if _exists(engine, source):
-        return source
+    if (name := local_name(engine, ref, table)) is not None:
+        return name
+    source = mapped(ref, table) or qualified(ref)
     if policy == "never":
-        raise SandboxError(missing_image(source, engine.kind)
-                           + f", or map {ref} to a reachable one in {MAP_ENV}")
+        raise SandboxError(missing_image(source, engine.kind) + f", or map {ref} to a reachable one in {MAP_ENV}")
     engine.run(["pull", "--quiet", source])
     return source
 

@@ -4,7 +4,7 @@ read as Harbor reads them into our TaskSpec.
   task.toml       any `version` / `schema_version` (one warning line for a major version Polar does not know).
                   What Polar uses: [agent] timeout_sec, user; [verifier] timeout_sec, env, user;
                   [environment] docker_image, workdir, env, cpus, memory_mb (or 1.0's memory = "2G"), storage_mb,
-                  gpus (refused on a node without them), allow_internet / network_mode (no sample gets the
+                  gpus (a node without them refuses the task), allow_internet / network_mode (no sample gets the
                   internet: a task that asks for it is refused unless the batch runs it offline), healthcheck
                   (a shell line, or {command, timeout_sec}); artifacts (workdir paths, or {source, destination}, kept in
                   the sample folder);
@@ -151,7 +151,7 @@ def load_harbor_task(task_dir: Path, roots: Sequence[Path] | None = None) -> Tas
     memory = _memory(env, fail)
     storage = None if env.get("storage_mb") is None else int(_positive(env["storage_mb"], "environment.storage_mb",
                                                                             fail))
-    _gpus(env, fail)
+    gpus = _gpus(env, fail)
     workdir = _workdir(env, fail)
     check, check_timeout = _healthcheck(env, fail)
     harbor = {k: v for k, v in {"cpus": cpus, "memory_mb": memory, "storage_mb": storage}.items() if v is not None}
@@ -167,7 +167,7 @@ def load_harbor_task(task_dir: Path, roots: Sequence[Path] | None = None) -> Tas
                     workdir=workdir, env=_env(env, "environment.env", fail), storage_mb=storage,
                     wants_internet=_wants_internet(env, fail), healthcheck=check, healthcheck_timeout_s=check_timeout,
                     artifacts=_artifacts(config.get("artifacts", env.get("artifacts")), workdir, fail),
-                    steps=steps, step_reward=strategy, solution=_solution(task_dir, roots))
+                    steps=steps, step_reward=strategy, solution=_solution(task_dir, roots), gpus=gpus)
 
 
 def _instruction(path: Path) -> str:
@@ -289,16 +289,15 @@ def _wants_internet(env: Mapping[str, Any], fail: Any) -> bool:
     return bool(allow) or (mode is not None and mode not in OFFLINE_NETWORKS)
 
 
-def _gpus(env: Mapping[str, Any], fail: Any) -> None:
-    """[environment] gpus: refused on a node without that many (Polar's sandboxes bind no GPU either way)."""
+def _gpus(env: Mapping[str, Any], fail: Any) -> int:
+    """[environment] gpus: how many the task asks for (a node without that many refuses it: polar/run/preflight.py;
+    Polar's sandboxes bind no GPU either way)."""
     gpus = env.get("gpus")
-    if gpus is None or gpus == 0:
-        return
+    if gpus is None:
+        return 0
     if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 0:
         raise fail("environment.gpus", f"expected a number of GPUs, got {gpus!r}")
-    here = len(glob.glob("/dev/nvidia[0-9]*"))
-    if here < gpus:
-        raise fail("environment.gpus", f"the task asks for {gpus} GPU(s); this node has {here} (run it on a GPU node)")
+    return gpus
 
 
 def _healthcheck(env: Mapping[str, Any], fail: Any, key: str = "environment.healthcheck"

@@ -185,6 +185,7 @@ class TaskSpec:
     steps: tuple[StepSpec, ...] = ()  # a multi-step task's steps, in order (polar/tasks/steps.py); () for one step
     step_reward: str = "mean"  # a multi-step task's reward from its steps' (STEP_STRATEGIES)
     solution: Path | None = None  # a Harbor task's solution/solve.sh: its oracle (polar/scoring/oracle.py)
+    gpus: int = 0  # GPUs the task asks for (Harbor's [environment] gpus); a node with fewer refuses it
 
     @property
     def allowed(self) -> Submit:
@@ -214,7 +215,8 @@ class TaskSpec:
                 "env": dict(self.env), "storage_mb": self.storage_mb, "wants_internet": self.wants_internet,
                 "healthcheck": self.healthcheck, "healthcheck_timeout_s": self.healthcheck_timeout_s,
                 "artifacts": [list(a) for a in self.artifacts], "steps": [step.to_dict() for step in self.steps],
-                "step_reward": self.step_reward, "solution": str(self.solution) if self.solution else None}
+                "step_reward": self.step_reward, "solution": str(self.solution) if self.solution else None,
+                "gpus": self.gpus}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TaskSpec:
@@ -231,4 +233,5 @@ class TaskSpec:
                    float(data.get("healthcheck_timeout_s") or HEALTHCHECK_TIMEOUT_S),
                    tuple((a, a) if isinstance(a, str) else (a[0], a[1]) for a in data.get("artifacts") or ()),
                    tuple(StepSpec.from_dict(step) for step in data.get("steps") or ()),
-                   data.get("step_reward") or "mean", Path(data["solution"]) if data.get("solution") else None)
+                   data.get("step_reward") or "mean", Path(data["solution"]) if data.get("solution") else None,
+                   int(data.get("gpus") or 0))

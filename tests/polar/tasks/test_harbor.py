@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import subprocess
+import uuid
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -116,12 +117,32 @@ def test_a_task_that_asks_for_the_internet_runs_only_offline_when_asked(tmp_path
     toml = (HARBOR / "write-hello" / "task.toml").read_text().replace("cpus = 1", "cpus = 1\nallow_internet = true")
     task = task_copy(tmp_path, "write-hello", {"task.toml": toml})
     done = polar("run", "--task", str(task), "--oracle", "--runtime", "bwrap", "--out", str(tmp_path / "o1"))
-    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
-    assert done.stderr == (f"polar run: {task}: write-hello: asks for the internet (allow_internet / network_mode), "
-                           "which no sample gets here; pass --run-offline to run it without\n")
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == ("polar run: task write-hello needs what this node lacks:\n  - the internet (allow_internet"
+                           " / network_mode), which no sample gets here: pass --run-offline to run it without\n")
     done = polar("run", "--task", str(task), "--oracle", "--runtime", "bwrap", "--run-offline",
                  "--out", str(tmp_path / "o2"))
     assert done.returncode == 0 and "solve.sh exit 0, reward 1" in done.stdout, done.stdout + done.stderr
+
+
+def test_the_first_message_names_everything_the_node_lacks_at_once(tmp_path, monkeypatch):
+    """A terminal-bench task on a bare node: the internet, a Docker Hub image and a GPU, each with its fix, in one
+    message (not four tries)."""
+    require_engine()
+    monkeypatch.delenv("POLAR_PULL", raising=False)
+    monkeypatch.delenv("POLAR_IMAGE_MAP", raising=False)
+    image = f"polar-test-{uuid.uuid4().hex[:6]}/fix-git:20260403"
+    task = task_copy(tmp_path, "write-hello", {"task.toml": f'[environment]\ndocker_image = "{image}"\n'
+                                                            'allow_internet = true\ngpus = 64\n'})
+    done = polar("run", "--task", str(task), "--runtime", "docker", "--adapter", "pi", "--out", str(tmp_path / "o"))
+    assert done.returncode == 2 and not (tmp_path / "o").exists(), done.stderr
+    assert done.stderr.splitlines() == [
+        "polar run: task write-hello needs what this node lacks:",
+        "  - the internet (allow_internet / network_mode), which no sample gets here: pass --run-offline to run it "
+        "without",
+        "  - 64 GPU(s) ([environment] gpus); this node has 0: run it on a GPU node",
+        f"  - image {image} is not on this node: `podman pull docker.io/{image}` (or `load`) it here, set "
+        "POLAR_PULL=missing to let samples pull it, or map it in POLAR_IMAGE_MAP (NAME=REF)"], done.stderr
 
 
 def test_images_a_task_names(tmp_path):
@@ -149,8 +170,7 @@ def test_images_a_task_names(tmp_path):
     ({"task.toml": '[environment]\nenv = { "1X" = "a" }\n'}, "task.toml", "environment.env: 1X = 'a': expected"),
     ({"task.toml": '[verifier]\nenv = "A=1"\n'}, "task.toml", "verifier.env: expected a table of variables"),
     ({"task.toml": '[environment]\nstorage_mb = -1\n'}, "task.toml", "environment.storage_mb: expected a positive"),
-    ({"task.toml": '[environment]\ngpus = 64\n'}, "task.toml", "environment.gpus: the task asks for 64 GPU(s); "
-                                                                 "this node has"),
+    ({"task.toml": '[environment]\ngpus = "two"\n'}, "task.toml", "environment.gpus: expected a number of GPUs"),
     ({"task.toml": '[environment]\nallow_internet = "no"\n'}, "task.toml", "environment.allow_internet: expected "
                                                                              "true or false"),
     ({"task.toml": '[environment]\nhealthcheck = 5\n'}, "task.toml", "environment.healthcheck: expected a shell"),
