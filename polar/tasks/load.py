@@ -189,7 +189,7 @@ def _parse_task(raw: Any, where: _Where, base: Path, roots: Sequence[Path]) -> T
         raise where.fail("metadata", f"expected a mapping, got {metadata!r}")
     adapter = raw.get("adapter")
     if adapter is not None:
-        adapter = _adapter(_text(adapter, "adapter", where), where, roots)
+        adapter = _adapter(_text(adapter, "adapter", where), where, base, roots)
     tests = _tests(raw.get("tests"), where, base, roots)
     if evaluator.kind == "pytest":
         _check_test_files(evaluator.pytest, tests, where)
@@ -240,13 +240,17 @@ def _tests(value: Any, where: _Where, base: Path, roots: Sequence[Path]) -> Path
     return path.resolve()
 
 
-def _adapter(text: str, where: _Where, roots: Sequence[Path]) -> str:
-    """A harness name; an adapter YAML by path (read from the current directory, as --adapter is): under the tasks
+def _adapter(text: str, where: _Where, base: Path, roots: Sequence[Path]) -> str:
+    """A harness name; or an adapter YAML by path, relative to the task file like every path in it: under the tasks
     root or the adapters root, since its `files:` and command run for the task."""
-    if (text.endswith((".yaml", ".yml")) or "/" in text) and not inside(Path(text), (*roots, adapters_root())):
+    if not (text.endswith((".yaml", ".yml")) or "/" in text):
+        return text
+    path = Path(text).expanduser()
+    path = path if path.is_absolute() else base / path
+    if not inside(path, (*roots, adapters_root())):
         raise where.fail("adapter", f"{text!r} is outside the tasks root {roots_text(roots)} and the adapters root "
                                     f"{adapters_root()}")
-    return text
+    return str(path.resolve())
 
 
 def _check_test_files(files: tuple[str, ...], tests: Path | None, where: _Where) -> None:

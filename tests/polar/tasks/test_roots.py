@@ -72,6 +72,21 @@ def test_an_adapter_by_path_outside_both_roots_is_refused(tasks: Path):
     assert load_tasks(task_file(tasks, adapter="pi"))[0].adapter == "pi"
 
 
+def test_a_relative_adapter_path_is_relative_to_the_task_file(tasks: Path, tmp_path: Path, monkeypatch):
+    """`adapter: ./mine.yaml` names the file beside the task file (docs/tasks.md), wherever polar runs from, and
+    it loads as that adapter, not as an unknown adapter name."""
+    from polar.harness.adapters import load_adapter
+
+    (tasks / "mine.yaml").write_text((ROOT / "adapters" / "pi.yaml").read_text())
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    task = load_tasks(task_file(tasks, adapter="./mine.yaml"))[0]
+    assert task.adapter == str((tasks / "mine.yaml").resolve())
+    assert load_adapter(task.adapter).name == load_adapter("pi").name
+    with pytest.raises(TaskError, match=r": adapter: '../host-secret/x.yaml' is outside the tasks root"):
+        load_tasks(task_file(tasks, adapter="../host-secret/x.yaml"))
+
+
 def test_a_harbor_workspace_linked_to_a_host_folder_is_refused(tmp_path: Path, monkeypatch):
     """environment/workspace -> a host folder: refused, so the folder reaches neither the sandbox nor captures."""
     monkeypatch.delenv(TASKS_ROOT_ENV, raising=False)
