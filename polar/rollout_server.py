@@ -5,6 +5,7 @@ nodes join it with `python -m polar.gateway --rollout_server HOST:PORT …`, whi
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -39,6 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     if not needs_private_redis(argv, dict(os.environ)):
         return polar_main(["api", *argv])
     out = Path(option(argv, "--out") or os.environ.get("POLAR_OUTPUT_ROOT", "runs/batches"))
+    # A plain `kill`: uvicorn shuts down, then raises SIGTERM again; as SystemExit it unwinds past the private
+    # Redis, which stops with the server instead of staying behind (Ctrl-C already did).
+    signal.signal(signal.SIGTERM, _exit_on_term)
     try:
         with private_redis(out / "services", tcp=True) as url:
             broker = url.rsplit("/", 1)[0] + "/1"  # db 1 for the broker, db 0 for sessions, as a cluster's Redis
@@ -48,6 +52,10 @@ def main(argv: list[str] | None = None) -> int:
     except ServiceError as e:
         print(f"{PROG}: {e}", file=sys.stderr)
         return 2
+
+
+def _exit_on_term(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 if __name__ == "__main__":
