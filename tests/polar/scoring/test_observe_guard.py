@@ -11,12 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from polar.run.summary import snapshot
-from polar.sandbox.runtime import get_runtime
-from polar.scoring.evaluate import evaluate
-from polar.scoring.verify import prepare_verify
 from polar.tasks.load import load_tasks
-from polar.tasks.workspace import pristine
+from tests.polar.scoring.verifying import verify_sample
 
 ROOT = Path(__file__).resolve().parents[3]
 DEMO = ROOT / "fixtures" / "tasks" / "tasks.yaml"
@@ -50,6 +46,12 @@ HONEST = {
 }
 
 
+def write_calc(text: str):
+    def work(workspace: Path) -> None:
+        (workspace / "calc.py").write_text(text)
+    return work
+
+
 def score(tmp_path: Path, calc: str, test: str | None = None) -> tuple[float, tuple[str, ...], str]:
     """fix-calc's verifier on a workspace whose calc.py is `calc` (and whose test file is `test`): its reward,
     what the observer flagged, its output."""
@@ -59,19 +61,7 @@ def score(tmp_path: Path, calc: str, test: str | None = None) -> tuple[float, tu
         (tests / "tests").mkdir(parents=True)
         (tests / "tests" / "test_calc.py").write_text(test)
         task = dataclasses.replace(task, tests=tests)
-    out = tmp_path / f"s-{uuid.uuid4().hex[:6]}"
-    (out / "home").mkdir(parents=True)
-    pristine(task.workspace, out / "workspace")
-    before = snapshot(out / "workspace")
-    (out / "workspace" / "calc.py").write_text(calc)
-    ground = prepare_verify(task, out, before, snapshot(out / "workspace"))
-    sandbox = get_runtime("bwrap").prepare(ground.mounts, image="host", instance=f"g-{uuid.uuid4().hex[:8]}")
-    try:
-        summary = {"sample_id": "s", "group_id": "g", "adapter": None, "exit_code": 0, "timed_out": False,
-                   "task_id": task.task_id, "files_changed": {}}
-        result = evaluate(task.evaluator, sandbox, ground.mounts, out, summary, 60, task.reward_range)
-    finally:
-        sandbox.stop()
+    result, _ground = verify_sample(task, tmp_path, write_calc(calc))
     return result.reward, result.flagged, result.output
 
 

@@ -3,7 +3,6 @@ its oracle created, changed or deleted, so an answer that is a new file, a binar
 the right answer scores 1, a wrong one and doing nothing 0. Real bwrap sandboxes, the tasks' own verifiers."""
 from __future__ import annotations
 
-import dataclasses
 import json
 import subprocess
 import sys
@@ -14,14 +13,12 @@ from typing import Callable
 
 import pytest
 
-from polar.run.summary import snapshot
-from polar.sandbox.runtime import get_runtime
-from polar.scoring.evaluate import evaluate
-from polar.scoring.oracle import learned, oracle_allowlist, oracle_script, run_oracle
-from polar.scoring.verify import VerifyGround, prepare_verify
+from polar.scoring.oracle import learned, oracle_script, run_oracle
+from polar.scoring.verify import VerifyGround
 from polar.tasks.load import load_tasks
 from polar.tasks.task import TaskSpec
 from polar.tasks.workspace import pristine
+from tests.polar.scoring.verifying import verify_sample
 
 ROOT = Path(__file__).resolve().parents[3]
 HARBOR = ROOT / "fixtures" / "harbor"
@@ -39,23 +36,7 @@ def polar(*args: str) -> subprocess.CompletedProcess:
 
 
 def verified(task: TaskSpec, tmp_path: Path, work: Callable[[Path], None]) -> tuple[float, VerifyGround]:
-    """A sample's verify stage as polar/run/sample.py runs it: the agent's `work` on the task's workspace, the
-    allowlist the oracle teaches (none: the task's), the ground, the task's verifier in a fresh bwrap sandbox."""
-    out = tmp_path / f"sample-{uuid.uuid4().hex[:6]}"
-    (out / "home").mkdir(parents=True)
-    pristine(task.workspace, out / "workspace")
-    before = snapshot(out / "workspace")
-    work(out / "workspace")
-    if (taught := oracle_allowlist(task, "bwrap", out / "oracle")) is not None:
-        task = dataclasses.replace(task, submit=taught)
-    ground = prepare_verify(task, out, before, snapshot(out / "workspace"))
-    sandbox = get_runtime("bwrap").prepare(ground.mounts, image=task.image, instance=f"t-{uuid.uuid4().hex[:8]}")
-    try:
-        summary = {"sample_id": "s", "group_id": "g", "adapter": None, "exit_code": 0, "timed_out": False,
-                   "task_id": task.task_id, "files_changed": {}}
-        result = evaluate(task.evaluator, sandbox, ground.mounts, out, summary, 60, task.reward_range)
-    finally:
-        sandbox.stop()
+    result, ground = verify_sample(task, tmp_path, work)
     return result.reward, ground
 
 
