@@ -2,9 +2,9 @@
 task's own pristine workspace with the agent's allowed changes applied to it.
 
 A change is allowed when its path matches the task's `submit` globs (or, with `existing`, names a file the
-pristine workspace holds; or, with `new`, is a new text file not named like the standard library's modules), is
-not protected, not one of the task's staged `tests:` files, and not pytest's configuration or a Python start-up
-hook (those only when a glob names that exact path). A task without `submit` takes the changes its oracle made
+pristine workspace holds; or, with `new`, is a new text file with a UTF-8 name, not named like the standard
+library's modules), is not protected, not one of the task's staged `tests:` files, and not pytest's configuration
+or a Python start-up hook (those only when a glob names that exact path). A task without `submit` takes the changes its oracle made
 (polar/scoring/oracle.py), else DEFAULT_SUBMIT (existing and new). What comes in is regular files only, read
 without following links: no symlink, FIFO, device or socket; an executable bit only on a new file the agent made
 executable or where `executable` globs allow one; no compiled or binary file (.so, .pyc, ELF, NUL bytes) unless
@@ -108,7 +108,16 @@ def allowed(rel: str, existed: bool, submit: Submit, protected: tuple[str, ...],
         return rel in submit.globs  # only where the task names that very path
     if matches_any(rel, submit.globs) or (submit.existing and existed):
         return True
-    return submit.new and not existed and not shadows(rel)
+    return submit.new and not existed and not shadows(rel) and _utf8(rel)
+
+
+def _utf8(rel: str) -> bool:
+    """A name that is UTF-8 (os.walk gives other bytes as lone surrogates): `new` admits honest file names only."""
+    try:
+        rel.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def shadows(rel: str) -> bool:

@@ -177,9 +177,14 @@ def _key(task: TaskSpec, runtime: str) -> str:
 
 @contextmanager
 def _locked(key: str) -> Iterator[Path]:
-    """The cache file of `key`, held under the node's lock for that key."""
+    """The cache file of `key`, held under the node's lock for that key (in ~/.cache/polar/oracle; a user whose
+    HOME cannot hold it, `nobody` say, keeps it in the temporary folder, under its uid)."""
     folder = CACHE.expanduser()
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        folder = Path(tempfile.gettempdir()) / f"polar-oracle-{os.getuid()}"
+        folder.mkdir(mode=0o700, exist_ok=True)
     with open(folder / f"{key}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield folder / f"{key}.json"

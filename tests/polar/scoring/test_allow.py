@@ -192,3 +192,11 @@ def test_the_scan_is_quiet_on_an_honest_fix(tmp_path) -> None:
                                    "        return isinstance(other, P) and vars(self) == vars(other)\n")
     sub, _dest = apply(task, final, tmp_path)
     assert scan_changes(final, sub) == []
+
+
+def test_the_default_admits_no_new_file_whose_name_is_not_utf8(tmp_path) -> None:
+    task = task_of(tmp_path, None, **{"a.py": "a\n"})
+    final = final_of(task, tmp_path)
+    (final / "polar-\udcff.txt").write_text("x\n")  # os.walk's name for the byte 0xff
+    sub, dest = apply(task, final, tmp_path)
+    assert sub.dropped == ("polar-\\xff.txt",) and [p.name for p in dest.iterdir()] == ["a.py"]
