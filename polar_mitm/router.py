@@ -8,9 +8,7 @@ retry, record) to one Dispatcher (polar_mitm/calls/dispatch.py). Either way ever
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import re
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -19,6 +17,7 @@ from typing import Any
 from mitmproxy import ctx, http
 from mitmproxy.exceptions import OptionsError
 
+from polar_mitm import bodies
 from polar_mitm.calls import call as calls
 from polar_mitm.calls.dispatch import HISTORY_CHECKS, OFF_LOOP_BYTES, Dispatcher
 from polar_mitm.calls.relay import StreamRelay
@@ -42,33 +41,11 @@ from polar_mitm.tokens.model import load_model
 from polar_mitm.tokens.prefix_cache import BYTES_PER_ID as CACHE_BYTES_PER_ID
 from polar_mitm.tokens.prefix_cache import MAX_IDS
 from polar_mitm.tokens.prompt import SessionHistory
-from polar_traj.captures import loads_line
 
 log = logging.getLogger(__name__)
-# A JSON escape of a UTF-16 surrogate: only then can the parsed body hold text the tokenizer cannot take.
-_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def _has_surrogate_escape(raw: bytes) -> bool:
-    # two substring searches (memchr speed) rule out almost every body before the regex (~4 ns a byte) runs
-    return (b"\\ud" in raw or b"\\uD" in raw) and _SURROGATE_ESCAPE.search(raw) is not None
-
-
 def parse_positive(value: int) -> int:
     if value <= 0:
         raise ValueError(f"expected a positive number, got {value}")
-    return value
-
-
-def scrub_surrogates(value: Any) -> Any:
-    """A copy with lone surrogates replaced by U+FFFD, what a lenient UTF-8 decoder gives the tokenizer."""
-    if isinstance(value, str):
-        return _SURROGATE.sub("\ufffd", value)
-    if isinstance(value, list):
-        return [scrub_surrogates(v) for v in value]
-    if isinstance(value, dict):
-        return {scrub_surrogates(k): scrub_surrogates(v) for k, v in value.items()}
     return value
 
 
@@ -298,13 +275,13 @@ class Router:
         body: Any = {}
         if not get:
             try:
-                body = loads_line(raw)  # orjson; the stdlib for what it refuses (lone surrogate escapes, NaN)
-            except (json.JSONDecodeError, UnicodeDecodeError, ValueError) as e:
+                body = bodies.decode(raw)
+            except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
                 raise ProviderError(400, f"request body is not valid JSON: {e}") from e
         if not isinstance(body, dict):
             raise ProviderError(400, "request body must be a JSON object")
         call.request_body = body
-        parsed = scrub_surrogates(body) if _has_surrogate_escape(raw) else body
+        parsed = bodies.scrub_surrogates(body) if bodies.has_surrogate_escape(raw) else body
         call.conv = CODECS[call.route.api].parse_request(parsed, path)
 
     def _side_answer(self, route, conv: Conversation) -> http.Response:
