@@ -1,29 +1,20 @@
-"""Routing + rewrite: each LLM call becomes a token-level request to the inference engine, and the engine's
-tokens become the provider's reply (docs/design.md §1, §5, §8).
-
-Non-streamed calls are sent to the engine by the proxy's own client and answered from the hook; streamed
-calls go to the in-process relay (polar_mitm/calls/relay.py), the only upstream mitmproxy may connect to, which
-streams the engine's tokens back as the provider's SSE. Both hand the call's engine side (replica, prompt,
-retry, record) to one Dispatcher (polar_mitm/calls/dispatch.py). Either way every call ends in a CallRecord."""
+"""The proxy's options for the engine side of a call (its engines, the model and its formats, the session
+histories, the status file), and its start and stop. A call itself is served by its owner (calls/owner.py)."""
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from mitmproxy import ctx, http
+from mitmproxy import ctx
 from mitmproxy.exceptions import OptionsError
 
-from polar_mitm import bodies
-from polar_mitm.calls import call as calls
-from polar_mitm.calls.dispatch import HISTORY_CHECKS, OFF_LOOP_BYTES, Dispatcher
-from polar_mitm.calls.relay import StreamRelay
+from polar_mitm.calls.dispatch import HISTORY_CHECKS, Dispatcher
+from polar_mitm.calls.owner import CallOwner
 from polar_mitm.capture import MAX_BYTES as CAPTURE_MAX_BYTES
-from polar_mitm.capture import Capture, CaptureError
-from polar_mitm.conversation import Conversation, ProviderError
+from polar_mitm.capture import Capture
 from polar_mitm.engines.api import parse_engine
 from polar_mitm.engines.backends import parse_backends, parse_placement
 from polar_mitm.engines.chat import RENDERS
@@ -31,8 +22,6 @@ from polar_mitm.engines.client import Timeouts
 from polar_mitm.engines.replicas import Engines
 from polar_mitm.gate.fence import Fence
 from polar_mitm.gate.quotas import SessionQuotas
-from polar_mitm.providers import CODECS
-from polar_mitm.providers.responses import error_response, json_response
 from polar_mitm.sessions.cache import SessionCache
 from polar_mitm.sessions.registry import redis_url_of, watch_ended
 from polar_mitm.status_file import INTERVAL_S as STATUS_INTERVAL_S
@@ -43,20 +32,12 @@ from polar_mitm.tokens.prefix_cache import MAX_IDS
 from polar_mitm.tokens.prompt import SessionHistory
 
 log = logging.getLogger(__name__)
+
+
 def parse_positive(value: int) -> int:
     if value <= 0:
         raise ValueError(f"expected a positive number, got {value}")
     return value
-
-
-def check_call_cap(session, number: int) -> None:
-    """The session's `number`th LLM call is refused past its cap: a provider error the SDKs do not retry."""
-    if session.max_calls is not None and number > session.max_calls:
-        if number == session.max_calls + 1:
-            log.warning("polar: session %s/%s reached its cap of %d LLM calls; later calls are refused",
-                        session.task_id, session.session_id, session.max_calls)
-        raise ProviderError(400, f"polar: this session may make {session.max_calls} LLM calls (the task's max_calls); "
-                                 f"call {number} is refused")
 
 
 # what the budget holds besides histories, at their fixed bounds: the shared-prefix and render caches' ids and
@@ -81,8 +62,9 @@ class Router:
         self.engines = Engines()
         self.histories: SessionCache[tuple[str, str], SessionHistory] = SessionCache(SessionHistory,
                                                                                      weigh=SessionHistory.nbytes)
-        self.dispatch = Dispatcher(capture, self.engines, self.histories)
-        self.relay = StreamRelay(self.dispatch)
+        self.dispatch = Dispatcher(self.engines, self.histories)
+        self.calls = CallOwner(capture, quotas, fence, self.dispatch)
+        self.relay = self.calls.relay
         self.formats = ""  # who renders and parses, and how: said at start (logged here, printed by polar proxy)
         self._ended_watch: asyncio.Task[None] | None = None
         self._status_task: asyncio.Task[None] | None = None
@@ -223,7 +205,7 @@ class Router:
 
     def _session_ended(self, task_id: str, session_id: str) -> None:
         self.histories.drop((task_id, session_id))
-        self.dispatch.capture.forget(task_id, session_id)
+        self.calls.capture.forget(task_id, session_id)
 
     async def done(self) -> None:
         for task in (self._ended_watch, self._status_task):
@@ -234,80 +216,3 @@ class Router:
         await self.relay.stop()
         await self.engines.stop()
         self.dispatch.close()
-
-    # -- request: parse, tokenize, then answer (non-streamed) or hand to the relay (streamed) ----------------
-    async def request(self, flow: http.HTTPFlow) -> None:
-        if flow.response or "polar_session" not in flow.metadata:
-            return
-        route, session = flow.metadata["polar_route"], flow.metadata["polar_session"]
-        if route.kind in ("models", "model"):
-            flow.response = self._model_list(route)
-            return
-        call = calls.Call(calls.new_call_id(), session, route, Conversation(route.api, route.model or "", ()), {},
-                          time.time())
-        flow.metadata["polar_call"] = call  # from here on, a failure anywhere is recorded against this call
-        try:
-            call.raw_body = b"" if flow.request.method == "GET" else flow.request.get_content() or b""
-            self.quotas.admit(flow, (session.task_id, session.session_id), len(call.raw_body))
-            call.large = len(call.raw_body) >= OFF_LOOP_BYTES
-            work = self.dispatch.work
-            await work(call, self._parse, call, flow.request.path, flow.request.method == "GET")
-            if route.kind != "generate":
-                flow.response = await work(call, self._side_answer, route, call.conv)
-                return
-            check_call_cap(session, flow.metadata.get("polar_call_number", 0))
-            await self.fence.hold(flow.id)
-            await self.dispatch.place(call)
-            await work(call, self.dispatch.build, call)
-            if call.conv.stream:
-                self.relay.route(flow, call)
-            else:
-                flow.response = await self.dispatch.complete(call)
-        except ProviderError as e:
-            flow.response = await self.dispatch.fail_async(call, e)
-        except CaptureError as e:
-            flow.response = error_response(route.api, 500, f"polar: {e}")
-
-    def _parse(self, call: calls.Call, path: str, get: bool) -> None:
-        """The body as received goes into the record; the conversation is parsed from a copy whose lone
-        surrogates (a JSON escape of broken UTF-16) became U+FFFD, which the tokenizer can take."""
-        raw = call.raw_body
-        body: Any = {}
-        if not get:
-            try:
-                body = bodies.decode(raw)
-            except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
-                raise ProviderError(400, f"request body is not valid JSON: {e}") from e
-        if not isinstance(body, dict):
-            raise ProviderError(400, "request body must be a JSON object")
-        call.request_body = body
-        parsed = bodies.scrub_surrogates(body) if bodies.has_surrogate_escape(raw) else body
-        call.conv = CODECS[call.route.api].parse_request(parsed, path)
-
-    def _side_answer(self, route, conv: Conversation) -> http.Response:
-        """Token counting, answered with the real prompt length."""
-        prompt_tokens = len(self.dispatch.model.renderer.render_full(conv))
-        return json_response(200, CODECS[route.api].render_count_tokens(prompt_tokens))
-
-    def _model_list(self, route) -> http.Response:
-        codec = CODECS[route.api]
-        if route.kind == "model":
-            if route.api == "gemini":
-                return json_response(200, codec.render_model(route.model))
-            return json_response(200, codec.render_models([route.model])["data"][0])
-        return json_response(200, codec.render_models(self.dispatch.model.served_names))
-
-    def responseheaders(self, flow: http.HTTPFlow) -> None:
-        if flow.metadata.get("polar_relay"):
-            self.relay.pass_through(flow)
-
-    def error(self, flow: http.HTTPFlow) -> None:
-        call: calls.Call | None = flow.metadata.get("polar_call")
-        if call is not None:
-            self.relay.drop(call.call_id)
-        if call is not None and not call.recorded and call.route.kind == "generate":
-            why = "client disconnected" if "client" in str(flow.error).lower() else f"relay connection failed: {flow.error}"
-            try:
-                self.dispatch.record(call, calls.make_record(call, None, error=why, flags=tuple(call.flags)))
-            except CaptureError:
-                pass  # logged by Capture; the client is gone
