@@ -10,31 +10,42 @@ backs this up. A request passes the guard and the session check here; from there
 """
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
 
 from mitmproxy import connection, ctx, http
 
+from polar_mitm.calls.dispatch import Dispatcher
+from polar_mitm.calls.owner import CallOwner
 from polar_mitm.capture import Capture
+from polar_mitm.engines.replicas import Engines
 from polar_mitm.gate.auth import SessionAuth
 from polar_mitm.gate.egress import Egress, _Refused
 from polar_mitm.gate.fence import Fence
 from polar_mitm.gate.guard import Guard, api_of
 from polar_mitm.gate.quotas import SessionQuotas
 from polar_mitm.providers.responses import error_response
-from polar_mitm.router import Router
-from polar_mitm.sessions.registry import redis_url_of
+from polar_mitm.sessions.histories import Histories
+from polar_mitm.sessions.registry import redis_url_of, watch_ended
+from polar_mitm.status_file import StatusFile
 
 log = logging.getLogger(__name__)
 
 
 class Polar:
+    """The stages, each declaring its own options, and the hooks that run them in order."""
+
     def __init__(self) -> None:
         self.capture, self.fence = Capture(), Fence()
         self.egress, self.guard, self.auth, self.quotas = Egress(), Guard(), SessionAuth(), SessionQuotas()
-        self.router = Router(self.capture, self.fence, self.quotas)
-        self.calls = self.router.calls
-        self.stages = (self.egress, self.guard, self.auth, self.quotas, self.router, self.capture)
+        self.engines, self.histories = Engines(), Histories()
+        self.dispatch = Dispatcher(self.engines, self.histories)
+        self.calls = CallOwner(self.capture, self.quotas, self.fence, self.dispatch)
+        self.status = StatusFile(self.dispatch.memory_figures)
+        self.stages = (self.egress, self.guard, self.auth, self.quotas, self.engines, self.histories, self.dispatch,
+                       self.capture, self.status)
+        self._ended_watch: asyncio.Task[None] | None = None
 
     # -- lifecycle: errors here must stop the proxy, so they are not caught ---------------------------------
     def load(self, loader) -> None:
@@ -46,12 +57,20 @@ class Polar:
         for stage in self.stages:
             stage.configure(updated)
         if "polar_sessions" in updated:
-            spec = ctx.options.polar_sessions
-            self.fence.configure(redis_url_of(spec))
+            self.fence.configure(redis_url_of(ctx.options.polar_sessions))
 
     async def running(self) -> None:
         self.egress.check(ctx.options)
-        await self.router.running()
+        self.dispatch.check()
+        await self.calls.relay.start()
+        redis_url = redis_url_of(ctx.options.polar_sessions)
+        if redis_url:
+            # held: the loop keeps tasks only weakly; a collected one is gone, and the error it logs during start-up
+            # makes mitmdump exit
+            self._ended_watch = watch_ended(redis_url, self._session_ended)
+        await self.engines.start(redis_url, self.histories.ttl_s, self.dispatch.sessions_per_engine,
+                                 self.dispatch.memory_line)
+        self.status.running()
         self.egress.allowed = {self.calls.relay.address}
         self.fence.start()
         # what start-up made (mitmproxy, transformers, the tokenizer, the template: ~150k objects) lives as long
@@ -59,8 +78,17 @@ class Polar:
         # in, each one paused a call ~90 ms about every 250 calls (bench/sessions.py, one call at a time).
         gc.freeze()
 
+    def _session_ended(self, task_id: str, session_id: str) -> None:
+        self.histories.drop((task_id, session_id))
+        self.capture.forget(task_id, session_id)
+
     async def done(self) -> None:
-        await self.router.done()
+        if self._ended_watch is not None:
+            self._ended_watch.cancel()
+        self.status.done()
+        await self.calls.relay.stop()
+        await self.engines.stop()
+        self.dispatch.close()
         self.capture.done()  # the records still queued are written
 
     # -- connection layer -----------------------------------------------------------------------------------

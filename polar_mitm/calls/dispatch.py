@@ -8,20 +8,22 @@ import asyncio
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
 
 import aiohttp
+from mitmproxy import ctx
+from mitmproxy.exceptions import OptionsError
 
 from polar_mitm.calls import call as calls
 from polar_mitm.conversation import ProviderError, ReplyEvent
-from polar_mitm.engines.api import apply_chunk, engine_request
-from polar_mitm.engines.chat import ENGINE_SOURCE, EngineReply, apply_chat, chat_request
+from polar_mitm.engines.api import apply_chunk, engine_request, parse_engine
+from polar_mitm.engines.chat import ENGINE_SOURCE, RENDERS, EngineReply, apply_chat, chat_request
 from polar_mitm.engines.client import EngineFailure, chunks, engine_json, engine_refused
 from polar_mitm.engines.replicas import Engines, Replica
 from polar_mitm.sessions.cache import SessionCache
 from polar_mitm.sessions.sampling import apply_fixed
-from polar_mitm.tokens.model import Model
+from polar_mitm.tokens.model import Model, load_model
 from polar_mitm.tokens.prompt import Prompt, SessionHistory, template_difference
 
 log = logging.getLogger(__name__)
@@ -35,7 +37,7 @@ OFF_LOOP_THREADS = 2
 
 @dataclass(frozen=True)
 class CallOptions:
-    """What each call reads of the proxy's options, parsed once by Router.configure."""
+    """What each call reads of the proxy's options, parsed once by Dispatcher.configure."""
 
     engine: str = "sglang"  # the token API (polar_engine)
     max_tokens: int = 2048  # when a request sets none (polar_max_tokens)
@@ -46,6 +48,33 @@ class CallOptions:
 
 
 HISTORY_CHECKS = ("sampled", "all", "off")
+MODEL_OPTIONS = frozenset({"polar_tokenizer", "polar_tool_parser", "polar_reasoning_parser", "polar_context_length",
+                           "polar_render"})
+
+
+def parse_positive(value: int) -> int:
+    if value <= 0:
+        raise ValueError(f"expected a positive number, got {value}")
+    return value
+
+
+def parse_one_of(choices: tuple[str, ...]) -> Callable[[str], str]:
+    def parse(value: str) -> str:
+        if value not in choices:
+            raise ValueError(f"expected one of {', '.join(choices)}, got {value!r}")
+        return value
+    return parse
+
+
+# option -> (parse, CallOptions field)
+OPTIONS: dict[str, tuple[Callable[[Any], Any], str]] = {
+    "polar_engine": (parse_engine, "engine"),
+    "polar_max_tokens": (parse_positive, "max_tokens"),
+    "polar_engine_model": (lambda value: value or None, "engine_model"),
+    "polar_tokenizer": (str, "tokenizer"),
+    "polar_history_check": (parse_one_of(HISTORY_CHECKS), "history_check"),
+    "polar_render": (parse_one_of(RENDERS), "render"),
+}
 HISTORY_DIFFERS = "history_differs_from_template"  # + ":N", the tokens that differ
 
 
@@ -75,6 +104,54 @@ class Dispatcher:
         self.model: Model | None = None
         self._warned: set[tuple[str, str]] = set()
         self._pool = ThreadPoolExecutor(OFF_LOOP_THREADS, thread_name_prefix="polar-large-call")
+        self.formats = ""  # who renders and parses, and how: said at start (logged here, printed by polar proxy)
+
+    def load(self, loader) -> None:
+        loader.add_option("polar_engine", str, "sglang", "Token API of the backend: sglang (/generate) or vllm.")
+        loader.add_option("polar_engine_model", str, "", "Model name sent to a vLLM backend (if it needs one).")
+        loader.add_option("polar_tokenizer", str, "", "Model directory (tokenizer + chat template), required.")
+        loader.add_option("polar_tool_parser", str, "auto",
+                          "Tool-call syntax the model writes: auto (read from the chat template), a parser's name "
+                          "(polar_mitm/tokens/reply_parser.py CALL_FORMATS, harmony) or none.")
+        loader.add_option("polar_reasoning_parser", str, "auto",
+                          "Reasoning markup: auto (from the chat template), think (<think>…</think>), mistral "
+                          "([THINK]…[/THINK]), harmony or none.")
+        loader.add_option("polar_max_tokens", int, 2048, "Default max new tokens when a request sets none.")
+        loader.add_option("polar_context_length", int, 0, "Context length in tokens; 0 = from the model config.")
+        loader.add_option("polar_render", str, "proxy",
+                          "Who renders prompts and parses replies: proxy (the model's chat template here, history "
+                          "substituted, token-exact) or engine (the engine's chat API with token ids: any model the "
+                          "engine supports; each call rendered in full, prefix_source rendered:engine).")
+        loader.add_option("polar_history_check", str, "sampled",
+                          "Compare substituted prompts with the chat template's own rendering and flag the "
+                          "difference: sampled (a session's 1st, 2nd, 4th, 8th... substituted call), all, off.")
+
+    def configure(self, updated) -> None:
+        opts = ctx.options
+        for name, (parse, attr) in OPTIONS.items():
+            if name in updated:
+                try:
+                    self.options = replace(self.options, **{attr: parse(getattr(opts, name))})
+                except ValueError as e:
+                    raise OptionsError(f"{name}: {e}") from e
+        if MODEL_OPTIONS & set(updated) and opts.polar_tokenizer:
+            engine_renders = opts.polar_render == "engine"  # its template and parsers: none of ours to pick
+            try:
+                self.model = load_model(opts.polar_tokenizer, "none" if engine_renders else opts.polar_tool_parser,
+                                        "none" if engine_renders else opts.polar_reasoning_parser,
+                                        opts.polar_context_length)
+            except ValueError as e:
+                raise OptionsError(f"polar_tokenizer: {e}") from e
+            model = self.model
+            self.formats = ("the engine renders prompts and parses replies (--render engine)" if engine_renders else
+                            f"tool calls {model.tool_parser or 'none'}, reasoning {model.reasoning_parser or 'none'} "
+                            f"({model.family})")
+            log.info("polar: model %s: %s", model.served_names[0], self.formats)
+
+    def check(self) -> None:
+        """Once running: a proxy without a model cannot serve a call."""
+        if self.model is None:
+            raise OptionsError("polar_tokenizer: set it to the model directory (tokenizer + chat template)")
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
