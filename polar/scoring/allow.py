@@ -3,9 +3,10 @@ task's own pristine workspace with the agent's allowed changes applied to it.
 
 A change is allowed when its path matches the task's `submit` globs (or, with `existing`, names a file the
 pristine workspace holds; or, with `new`, is a new text file with a UTF-8 name, not named like the standard
-library's modules), is not protected, not one of the task's staged `tests:` files, and not pytest's configuration
-or a Python start-up hook (those only when a glob names that exact path). A task without `submit` takes the changes its oracle made
-(polar/scoring/oracle.py), else DEFAULT_SUBMIT (existing and new). What comes in is regular files only, read
+library's modules), is not protected, not one of the task's staged `tests:` files, and not pytest's configuration,
+a Python start-up hook or a repository's hooks or config (those only when a glob names that exact path). A task
+without `submit` takes the changes its oracle made (polar/scoring/oracle.py), else DEFAULT_SUBMIT (existing and
+new). What comes in is regular files only, read
 without following links: no symlink, FIFO, device or socket; an executable bit only on a new file the agent made
 executable or where `executable` globs allow one; no compiled or binary file (.so, .pyc, ELF, NUL bytes) unless
 `binary` and a glob or `existing` admits it. Deleting an allowed file is a change like any other. Every other
@@ -104,7 +105,7 @@ def allowed(rel: str, existed: bool, submit: Submit, protected: tuple[str, ...],
     if rel in staged or matches_any(rel, protected):
         return False
     name = rel.rsplit("/", 1)[-1]
-    if name in NEVER_NAMES or name.endswith(NEVER_SUFFIXES):
+    if name in NEVER_NAMES or name.endswith(NEVER_SUFFIXES) or _git_runs(rel):
         return rel in submit.globs  # only where the task names that very path
     if matches_any(rel, submit.globs) or (submit.existing and existed):
         return True
@@ -118,6 +119,13 @@ def _utf8(rel: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+def _git_runs(rel: str) -> bool:
+    """A repository's hooks and config: git runs what they name (a hook, core.fsmonitor) in whoever calls it."""
+    parts = rel.split("/")
+    return any(p == ".git" and (parts[i + 1:i + 2] == ["hooks"] or parts[i + 1:] == ["config"])
+               for i, p in enumerate(parts[:-1]))
 
 
 def shadows(rel: str) -> bool:

@@ -136,8 +136,8 @@ def oracle_allowlist(task: TaskSpec, runtime: str, scratch: Path) -> Submit | No
 
 def learned(task: TaskSpec, workspace: Path) -> Submit:
     """What the oracle's work may teach: each regular file it created, changed or deleted against the pristine
-    workspace (compiled Python it left behind aside), `.git/**` when it touched a repository (a commit's objects
-    have other names in every run), binary where it wrote binary files, executable where it made files so; the
+    workspace (compiled Python it left behind aside), a repository's whole objects/, refs/ and logs/ when it
+    wrote there (a commit's objects have other names in every run), binary where it wrote binary files, executable where it made files so; the
     files the task had stay changeable and new text files stay welcome, as for any task."""
     with tempfile.TemporaryDirectory(prefix="polar-pristine-") as tmp:
         base = Path(tmp) / "w"
@@ -152,14 +152,27 @@ def learned(task: TaskSpec, workspace: Path) -> Submit:
             if b is not None and f is not None and same_file(base / rel, workspace / rel, b, f) \
                     and (b.st_mode ^ f.st_mode) & 0o100 == 0:
                 continue
-            parts = rel.split("/")
-            globs.add("/".join(parts[:parts.index(".git") + 1]) + "/**" if ".git" in parts else rel)
+            globs.update(_git_globs(rel))
             if f is not None:
                 binary = binary or _is_binary(workspace / rel)
                 if f.st_mode & 0o100 and not (b is not None and b.st_mode & 0o100):
                     executable.append(rel)
     return Submit(tuple(sorted(globs)), existing=True, binary=binary, new=True, executable=tuple(executable),
                   source="oracle")
+
+
+GIT_DATA = ("objects/**", "refs/**", "logs/**", "index", "HEAD", "ORIG_HEAD", "packed-refs", "COMMIT_EDITMSG")
+
+
+def _git_globs(rel: str) -> list[str]:
+    """The globs a change teaches: itself; for a change in a repository, its data as any commit writes it (the
+    agent's commit has other object names than the oracle's, a `git gc` packs them). A repository's config and
+    hooks only by name: git runs what they name in the verifier (polar/scoring/allow.py)."""
+    parts = rel.split("/")
+    if ".git" not in parts[:-1]:
+        return [rel]
+    repo = "/".join(parts[:parts.index(".git") + 1])
+    return [rel, *(f"{repo}/{data}" for data in GIT_DATA)]
 
 
 def _remember(task: TaskSpec, runtime: str, submit: Submit) -> Submit:

@@ -200,3 +200,17 @@ def test_the_default_admits_no_new_file_whose_name_is_not_utf8(tmp_path) -> None
     (final / "polar-\udcff.txt").write_text("x\n")  # os.walk's name for the byte 0xff
     sub, dest = apply(task, final, tmp_path)
     assert sub.dropped == ("polar-\\xff.txt",) and [p.name for p in dest.iterdir()] == ["a.py"]
+
+
+def test_a_repositorys_hooks_and_config_come_in_only_by_their_exact_name(tmp_path) -> None:
+    """git runs what they name (a hook, core.fsmonitor) in whoever calls it: a verifier's `git status` too."""
+    task = task_of(tmp_path, None, **{".git/config": "[core]\n", ".git/HEAD": "ref: refs/heads/main\n"})
+    final = final_of(task, tmp_path)
+    (final / ".git" / "config").write_text("[core]\n\tfsmonitor = touch /tmp/pwned\n")
+    (final / ".git" / "hooks").mkdir()
+    (final / ".git" / "hooks" / "post-checkout").write_text("#!/bin/sh\necho 1 > /logs/verifier/reward.txt\n")
+    (final / ".git" / "HEAD").write_text("ref: refs/heads/fix\n")
+    sub, _dest = apply(task, final, tmp_path)
+    assert sub.dropped == (".git/config", ".git/hooks/post-checkout") and sub.applied == (".git/HEAD",)
+    named = dataclasses.replace(task, submit=Submit((".git/config",), existing=True))
+    assert apply(named, final, tmp_path)[0].applied == (".git/HEAD", ".git/config")

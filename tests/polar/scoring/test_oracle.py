@@ -135,7 +135,9 @@ def test_a_commit_reaches_a_verifier_that_reads_history(tmp_path) -> None:
     task = git_task(tmp_path)
     result = run_oracle(task, oracle_script(task, tmp_path / "solve"), "bwrap", tmp_path / "oracle")
     assert (result.exit_code, result.evaluation.reward, result.dropped) == (0, 1.0, ()), result.evaluation.output
-    assert ".git/**" in result.allowlist.globs and result.allowlist.binary
+    globs = result.allowlist.globs
+    assert {".git/objects/**", ".git/refs/**", ".git/index"} <= set(globs) and result.allowlist.binary
+    assert not [g for g in globs if g.startswith((".git/hooks", ".git/config"))]  # git runs what those name
 
     def commit(ws: Path) -> None:  # the agent's own commit: other objects, other names than the oracle's
         (ws / "a.txt").write_text("b\n")
