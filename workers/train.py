@@ -102,6 +102,15 @@ def train_run(out: Path, config: Any, tasks: Path | None = None, adapter: str | 
         return train(PolarClient(broker, sessions), list(engines or []), tasks, out, config, step, adapter)
 
 
+def print_step(report: Any) -> None:
+    """A step's line, and a warning on stderr when it taught nothing (polar.trl.grpo.zero_signal)."""
+    from polar.trl.grpo import zero_signal
+
+    print(report.line(), flush=True)
+    if (warning := zero_signal(report)) is not None:
+        print(warning, file=sys.stderr, flush=True)
+
+
 def run(args: argparse.Namespace) -> int:
     import warnings
 
@@ -124,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     try:
         reports = train_run(out, config, args.tasks, args.adapter, args.broker, args.sessions, args.engine,
-                            args.concurrency, on_step=lambda r: print(r.line(), flush=True))
+                            args.concurrency, on_step=print_step)
     except (ValueError, KeyError, OSError, RuntimeError, TimeoutError) as e:
         print(f"polar train: {e}", file=sys.stderr)
         return 1

@@ -62,6 +62,8 @@ class StepReport:
     train_s: float
     sync_s: float
     trajectory_ids: list[str] = field(default_factory=list)
+    groups_with_signal: int = 0  # groups whose rewards differ (StepRollouts.signal): the others teach nothing
+    groups: int = 0
 
     def line(self) -> str:
         lags = ",".join(f"{k}:{v}" for k, v in sorted(self.rows_per_lag.items()))
@@ -178,7 +180,7 @@ class PolarLoop:
                             tis["capped_fraction"], dict(sorted(self._stats.rows_per_lag.items())),
                             self._stats.masked_calls, self._stats.stale_rows, ",".join(sorted(set(version))),
                             step.wait_s, wall - step.wait_s, self.sync.times.total_s,
-                            [r.trajectory_id for r in step.rows])
+                            [r.trajectory_id for r in step.rows], *step.signal())
         self.reports.append(report)
         self._t_step = time.monotonic()
         if self.on_step is not None:
@@ -224,6 +226,16 @@ def train(client: Any, engines: list[str], tasks: Path, out: Path, config: Train
     finally:
         rollouts.stop()
     return loop.reports
+
+
+def zero_signal(report: StepReport) -> str | None:
+    """The line for a step that taught nothing: every group's rewards equal (GRPO's advantages all zero)."""
+    if report.groups and not report.groups_with_signal:
+        rewards = f"{report.reward_mean:g}" if report.reward_mean == report.reward_mean else "none"
+        return (f"polar train: step {report.step}: no signal: in each of the {report.groups} groups every sample "
+                f"scored the same (mean reward {rewards}), so every advantage is 0 and this step learns nothing; "
+                "check the task's reward (polar tasks check) or make the task easier or the groups larger")
+    return None
 
 
 def summarize(reports: list[StepReport], window: int = 5) -> dict[str, float]:

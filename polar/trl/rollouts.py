@@ -72,6 +72,16 @@ class StepRollouts:
         rewards = [r.reward for r in self.usable if r.reward is not None]
         return sum(rewards) / len(rewards) if rewards else float("nan")
 
+    def signal(self) -> tuple[int, int]:
+        """(groups whose usable rows' rewards differ, groups): GRPO's advantages are zero in the others, so a step
+        where no group differs teaches nothing."""
+        rewards: dict[str, set[float]] = {}
+        for row in self.rows:
+            rewards.setdefault(row.group_id, set())
+            if row.usable and row.reward is not None:
+                rewards[row.group_id].add(row.reward)
+        return sum(len(r) > 1 for r in rewards.values()), len(rewards)
+
     def versions(self) -> set[int]:
         return {v for r in self.usable for v in (r.policy_version_min, r.policy_version_max) if v is not None}
 

@@ -80,3 +80,23 @@ def test_overlap_submits_the_next_batch_ahead(tmp_path, tasks_file):
     rollouts.stop()
     assert client.batches[-1].cancelled
     assert client.submitted[0]["task_ids"] == both and client.submitted[-1]["task_ids"] == both[:1]
+
+
+def test_a_step_where_every_group_scored_alike_says_it_teaches_nothing():
+    """GRPO learns only from groups whose rewards differ: a step without one is named (issue 71 item 5)."""
+    from polar.trl.grpo import StepReport, zero_signal
+
+    flat = [row_from_record(record(f"s{i}", t, 1.0)) for t in ("a", "b") for i in range(2)]
+    mixed = [*flat[:2], row_from_record(record("s2", "b", 0.0)), row_from_record(record("s3", "b", 1.0))]
+    masked = [*flat[:2], row_from_record(record("s2", "b", 0.0, weight=0)), flat[3]]  # a masked 0 is no signal
+    assert StepRollouts("x", flat, 1.0).signal() == (0, 2)
+    assert StepRollouts("x", mixed, 1.0).signal() == (1, 2)
+    assert StepRollouts("x", masked, 1.0).signal() == (0, 2)
+
+    def report(signal: int, groups: int) -> StepReport:
+        return StepReport(3, "x", 4, 1.0, float("nan"), 1.0, 1.0, [0], 1.0, 1.0, 0.0, {0: 4}, 0, 0, "0", 1.0, 1.0,
+                          0.1, [], signal, groups)
+    assert zero_signal(report(1, 2)) is None and zero_signal(report(0, 0)) is None
+    line = zero_signal(report(0, 2))
+    assert line is not None and line.startswith("polar train: step 3: no signal: in each of the 2 groups every "
+                                                "sample scored the same (mean reward 1)")
