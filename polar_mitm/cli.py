@@ -248,7 +248,7 @@ async def _serve(args: argparse.Namespace, confdir: Path) -> int:
 
     opts = Options(confdir=str(confdir))
     master = DumpMaster(opts, with_termlog=True, with_dumper=False)
-    master.addons.add(*addons, _Announce(args, confdir, addons[0]))
+    master.addons.add(*addons, _Announce(args, confdir, addons[0].router))
     opts.update(
         connection_strategy="lazy",
         mode=proxy_modes(args.host, args.proxy_port, args.base_url_port, args.backend),
@@ -269,8 +269,8 @@ async def _serve(args: argparse.Namespace, confdir: Path) -> int:
 class _Announce:
     """Prints where to point a harness once the listeners are up (the CA exists by then)."""
 
-    def __init__(self, args: argparse.Namespace, confdir: Path, polar) -> None:
-        self.args, self.confdir, self.polar = args, confdir, polar
+    def __init__(self, args: argparse.Namespace, confdir: Path, router) -> None:
+        self.args, self.confdir, self.router = args, confdir, router
 
     def running(self) -> None:
         ca = self.confdir / "mitmproxy-ca-cert.pem"
@@ -278,10 +278,10 @@ class _Announce:
         env = harness_env(self.args.host, self.args.proxy_port, self.args.base_url_port, ca, bundle)
         print(f"polar proxy: HTTPS_PROXY listener {self.args.host}:{self.args.proxy_port}, "
               f"base-URL listener {self.args.host}:{self.args.base_url_port}")
-        for replica in self.polar.engines.pool.replicas:
+        for replica in self.router.engines.pool.replicas:
             print(f"polar proxy: engine {replica.url} {replica.state}")
-        if self.polar.dispatch.formats:  # the formats read from the chat template: never a silent default
-            print(f"polar proxy: {self.polar.dispatch.formats}")
+        if self.router.formats:  # the formats read from the chat template: never a silent default
+            print(f"polar proxy: {self.router.formats}")
         print(f"polar proxy: CA certificate {ca}")
         print("polar proxy: environment for a harness (replace SESSION and TOKEN):")
         for key, value in env.items():

@@ -1,8 +1,4 @@
-"""One LLM call through the proxy: its state from request to record, and plain functions of it.
-
-Each field has one writer: the call's owner (calls/owner.py) its request (id, session, route, body, conversation,
-start) and its record claim; the Dispatcher (calls/dispatch.py) its engine side (replica, prompt, engine request,
-decoder, flags); the engine's answer fills `output` (polar_mitm/engines/api.py, chat.py)."""
+"""One LLM call through the proxy: its state from request to record, as plain functions."""
 from __future__ import annotations
 
 import hashlib
@@ -14,7 +10,7 @@ from typing import Any, Sequence
 
 from polar_mitm.conversation import Completion, Conversation, Message, ReplyEvent
 from polar_mitm.engines.api import EngineOutput
-from polar_mitm.engines.chat import EngineReply
+from polar_mitm.engines.chat import ENGINE_SOURCE, EngineReply, apply_chat
 from polar_mitm.providers.routes import Route
 from polar_mitm.sessions.registry import Session
 from polar_mitm.tokens.detok import Detokenizer
@@ -40,7 +36,7 @@ class Call:
     detok: Detokenizer | None = None  # None for an engine-rendered call: the engine's message is the reply
     parser: ReplyParser | EngineReply | None = None
     engine_request: tuple[str, dict[str, Any]] | None = None  # (path, body) for the engine's token API
-    flags: list[str] = field(default_factory=list)  # what the prompt's making noticed, e.g. "template_dropped_tools"
+    flags: list[str] = field(default_factory=list)  # e.g. "template_dropped_tools", "truncated"
     recorded: bool = False
     engine: str | None = None  # the replica's URL (polar_mitm/engines/replicas.py)
     raw_body: bytes = b""  # the body as received, kept only until the call is sent (for a refused call's record)
@@ -60,6 +56,15 @@ def feed_ids(call: Call, ids: list[int], stop_ids: frozenset[int]) -> list[Reply
 def rendered_by_engine(call: Call) -> bool:
     """The engine renders this call's prompt and parses its reply (polar_mitm/engines/chat.py)."""
     return isinstance(call.parser, EngineReply)
+
+
+def take_chat(call: Call, data: dict[str, Any]) -> list[ReplyEvent]:
+    """One chat answer of the engine (whole, or a streamed chunk) for an engine-rendered call: its prompt ids
+    become the call's prompt, its ids and logprobs the output, its message the reply's events."""
+    prompt_ids, events = apply_chat(data, call.output, call.parser)
+    if prompt_ids is not None and call.prompt is None:
+        call.prompt = Prompt(prompt_ids, ENGINE_SOURCE, None, [])
+    return events
 
 
 def finish_events(call: Call) -> list[ReplyEvent]:

@@ -1,30 +1,29 @@
-"""A call's engine side, for its owner (calls/owner.py): its replica (placement, a retry on another replica when
-one fails before answering, and the replica's bookkeeping: calls in flight, answered, refused, marked down), its
-prompt and engine request, the engine's answer (whole, or as a stream), and the session history it extends. It
-writes the call's engine fields (engine, prompt, engine request, decoder, flags)."""
+"""A call's engine side, shared by the router (polar_mitm/router.py) and the stream relay (polar_mitm/calls/relay.py):
+its replica (placement, and a retry on another replica when one fails before answering), its prompt and engine
+request, the non-streamed answer, and the one record every call ends in."""
 from __future__ import annotations
 
 import asyncio
 import logging
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import asynccontextmanager
-from dataclasses import dataclass, replace
-from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, TypeVar
 
-import aiohttp
-from mitmproxy import ctx
-from mitmproxy.exceptions import OptionsError
+from mitmproxy import http
 
 from polar_mitm.calls import call as calls
-from polar_mitm.conversation import ProviderError, ReplyEvent
-from polar_mitm.engines.api import apply_chunk, engine_request, parse_engine
-from polar_mitm.engines.chat import ENGINE_SOURCE, RENDERS, EngineReply, apply_chat, chat_request
-from polar_mitm.engines.client import EngineFailure, chunks, engine_json, engine_refused
+from polar_mitm.capture import Capture, CaptureError
+from polar_mitm.conversation import ProviderError
+from polar_mitm.engines.api import EngineError, apply_chunk, engine_request
+from polar_mitm.engines.chat import NO_PROMPT_IDS, EngineReply, chat_request
+from polar_mitm.engines.client import EngineFailure, engine_json, engine_refused
 from polar_mitm.engines.replicas import Engines, Replica
+from polar_mitm.providers import CODECS
+from polar_mitm.providers.responses import error_response, json_response
 from polar_mitm.sessions.cache import SessionCache
 from polar_mitm.sessions.sampling import apply_fixed
-from polar_mitm.tokens.model import Model, load_model
-from polar_mitm.tokens.prompt import Prompt, SessionHistory, template_difference
+from polar_mitm.tokens.model import Model
+from polar_mitm.tokens.prompt import SessionHistory, template_difference
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -37,7 +36,7 @@ OFF_LOOP_THREADS = 2
 
 @dataclass(frozen=True)
 class CallOptions:
-    """What each call reads of the proxy's options, parsed once by Dispatcher.configure."""
+    """What each call reads of the proxy's options, parsed once by Router.configure."""
 
     engine: str = "sglang"  # the token API (polar_engine)
     max_tokens: int = 2048  # when a request sets none (polar_max_tokens)
@@ -48,33 +47,6 @@ class CallOptions:
 
 
 HISTORY_CHECKS = ("sampled", "all", "off")
-MODEL_OPTIONS = frozenset({"polar_tokenizer", "polar_tool_parser", "polar_reasoning_parser", "polar_context_length",
-                           "polar_render"})
-
-
-def parse_positive(value: int) -> int:
-    if value <= 0:
-        raise ValueError(f"expected a positive number, got {value}")
-    return value
-
-
-def parse_one_of(choices: tuple[str, ...]) -> Callable[[str], str]:
-    def parse(value: str) -> str:
-        if value not in choices:
-            raise ValueError(f"expected one of {', '.join(choices)}, got {value!r}")
-        return value
-    return parse
-
-
-# option -> (parse, CallOptions field)
-OPTIONS: dict[str, tuple[Callable[[Any], Any], str]] = {
-    "polar_engine": (parse_engine, "engine"),
-    "polar_max_tokens": (parse_positive, "max_tokens"),
-    "polar_engine_model": (lambda value: value or None, "engine_model"),
-    "polar_tokenizer": (str, "tokenizer"),
-    "polar_history_check": (parse_one_of(HISTORY_CHECKS), "history_check"),
-    "polar_render": (parse_one_of(RENDERS), "render"),
-}
 HISTORY_DIFFERS = "history_differs_from_template"  # + ":N", the tokens that differ
 
 
@@ -98,60 +70,13 @@ def check_fits(model: Model, conv) -> None:
 
 
 class Dispatcher:
-    def __init__(self, engines: Engines, histories: SessionCache[tuple[str, str], SessionHistory]) -> None:
-        self.engines, self.histories = engines, histories
+    def __init__(self, capture: Capture, engines: Engines,
+                 histories: SessionCache[tuple[str, str], SessionHistory]) -> None:
+        self.capture, self.engines, self.histories = capture, engines, histories
         self.options = CallOptions()
         self.model: Model | None = None
         self._warned: set[tuple[str, str]] = set()
         self._pool = ThreadPoolExecutor(OFF_LOOP_THREADS, thread_name_prefix="polar-large-call")
-        self.formats = ""  # who renders and parses, and how: said at start (logged here, printed by polar proxy)
-
-    def load(self, loader) -> None:
-        loader.add_option("polar_engine", str, "sglang", "Token API of the backend: sglang (/generate) or vllm.")
-        loader.add_option("polar_engine_model", str, "", "Model name sent to a vLLM backend (if it needs one).")
-        loader.add_option("polar_tokenizer", str, "", "Model directory (tokenizer + chat template), required.")
-        loader.add_option("polar_tool_parser", str, "auto",
-                          "Tool-call syntax the model writes: auto (read from the chat template), a parser's name "
-                          "(polar_mitm/tokens/reply_parser.py CALL_FORMATS, harmony) or none.")
-        loader.add_option("polar_reasoning_parser", str, "auto",
-                          "Reasoning markup: auto (from the chat template), think (<think>…</think>), mistral "
-                          "([THINK]…[/THINK]), harmony or none.")
-        loader.add_option("polar_max_tokens", int, 2048, "Default max new tokens when a request sets none.")
-        loader.add_option("polar_context_length", int, 0, "Context length in tokens; 0 = from the model config.")
-        loader.add_option("polar_render", str, "proxy",
-                          "Who renders prompts and parses replies: proxy (the model's chat template here, history "
-                          "substituted, token-exact) or engine (the engine's chat API with token ids: any model the "
-                          "engine supports; each call rendered in full, prefix_source rendered:engine).")
-        loader.add_option("polar_history_check", str, "sampled",
-                          "Compare substituted prompts with the chat template's own rendering and flag the "
-                          "difference: sampled (a session's 1st, 2nd, 4th, 8th... substituted call), all, off.")
-
-    def configure(self, updated) -> None:
-        opts = ctx.options
-        for name, (parse, attr) in OPTIONS.items():
-            if name in updated:
-                try:
-                    self.options = replace(self.options, **{attr: parse(getattr(opts, name))})
-                except ValueError as e:
-                    raise OptionsError(f"{name}: {e}") from e
-        if MODEL_OPTIONS & set(updated) and opts.polar_tokenizer:
-            engine_renders = opts.polar_render == "engine"  # its template and parsers: none of ours to pick
-            try:
-                self.model = load_model(opts.polar_tokenizer, "none" if engine_renders else opts.polar_tool_parser,
-                                        "none" if engine_renders else opts.polar_reasoning_parser,
-                                        opts.polar_context_length)
-            except ValueError as e:
-                raise OptionsError(f"polar_tokenizer: {e}") from e
-            model = self.model
-            self.formats = ("the engine renders prompts and parses replies (--render engine)" if engine_renders else
-                            f"tool calls {model.tool_parser or 'none'}, reasoning {model.reasoning_parser or 'none'} "
-                            f"({model.family})")
-            log.info("polar: model %s: %s", model.served_names[0], self.formats)
-
-    def check(self) -> None:
-        """Once running: a proxy without a model cannot serve a call."""
-        if self.model is None:
-            raise OptionsError("polar_tokenizer: set it to the model directory (tokenizer + chat template)")
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -175,73 +100,15 @@ class Dispatcher:
         call.engine = replica.url
         return replica
 
-    async def complete(self, call: calls.Call) -> Any:
-        """The engine's whole answer to a non-streamed call (its JSON). Raises ProviderError."""
-        async with self._on_replica(call, lambda r: r.client.complete(*call.engine_request)) as (replica, answer):
-            status, raw = answer
-            data = engine_json(raw)
-            self._answered(replica, status, data)
-            return data
-
-    @asynccontextmanager
-    async def stream(self, call: calls.Call) -> AsyncIterator[AsyncIterator[bytes]]:
-        """The engine's stream for a streamed call, its headers received: the block reads its chunks. Raises
-        ProviderError on entering; the chunks raise it when the engine stalls or breaks off mid-stream."""
-        async with self._on_replica(call, lambda r: r.client.open_stream(*call.engine_request)) as (replica, upstream):
-            async with upstream:
-                self._answered(replica, upstream.status, engine_json(await upstream.read()) if upstream.status != 200
-                               else None)
-                yield self._chunks(replica, upstream)
-
-    def take_answer(self, call: calls.Call, data: dict[str, Any]) -> list[ReplyEvent]:
-        """One answer of the engine (whole, or a streamed chunk) into the call: its output ids and logprobs and
-        its reply's events; for an engine-rendered call also its prompt, the engine's own rendering."""
-        if calls.rendered_by_engine(call):
-            prompt_ids, events = apply_chat(data, call.output, call.parser)
-            if prompt_ids is not None and call.prompt is None:
-                call.prompt = Prompt(prompt_ids, ENGINE_SOURCE, None, [])
-            return events
-        have = len(call.output.output_ids)
-        apply_chunk(self.options.engine, data, call.output)
-        return calls.feed_ids(call, call.output.output_ids[have:], self.model.stop_ids)
-
-    @asynccontextmanager
-    async def _on_replica(self, call: calls.Call, send: Callable[[Replica], Awaitable[T]]
-                          ) -> AsyncIterator[tuple[Replica, T]]:
-        """`send(replica)` on the call's replica, again on another one when a replica fails before answering
-        (fail_over); the replica counts the call in flight until the block ends. Raises ProviderError when none
-        answers."""
+    async def on_replica(self, call: calls.Call, send: Callable[[Replica], Awaitable[T]]) -> tuple[Replica, T]:
+        """`send(replica)` on the call's replica; when a replica fails before answering, again on another one
+        (fail_over). Raises ProviderError when none answers."""
         replica, tried = self.engines.pool.get(call.engine), set()
         while True:
-            replica.inflight += 1
             try:
-                answer = await send(replica)
-                break
+                return replica, await send(replica)
             except EngineFailure as e:
-                replica.inflight -= 1
                 replica = await self.fail_over(call, replica, e, tried)
-            except BaseException:
-                replica.inflight -= 1
-                raise
-        try:
-            yield replica, answer
-        finally:
-            replica.inflight -= 1
-
-    def _answered(self, replica: Replica, status: int, data: Any) -> None:
-        """The replica answered the call: serving, when it said 200; else the provider's error (ProviderError)."""
-        if status != 200:
-            replica.served += 1
-            raise engine_refused(status, data)
-        self.engines.pool.answered(replica)
-
-    async def _chunks(self, replica: Replica, upstream: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
-        try:
-            async for chunk in chunks(upstream, replica.client.timeouts):
-                yield chunk
-        except EngineFailure as e:  # it stalled or broke off: its replica is marked down (the call is not retried)
-            self.engines.pool.mark_down(replica, e.message.removeprefix("polar: "))
-            raise
 
     async def fail_over(self, call: calls.Call, replica: Replica, e: EngineFailure, tried: set[str]) -> Replica:
         """`replica` failed the call: mark it down, and when nothing of the call has reached the harness yet,
@@ -276,6 +143,7 @@ class Dispatcher:
         max_new = min(sampling.max_tokens or options.max_tokens, room)
         call.engine_request = engine_request(options.engine, call.prompt.ids, sampling, max_new,
                                              call.conv.stream, options.engine_model)
+        call.raw_body = b""  # sent: the record keeps the parsed request
         call.detok, call.parser = model.new_decoder(call.call_id)
         if prompt.source == "substituted" and history_check_due(options.history_check, history.substituted):
             try:
@@ -302,11 +170,67 @@ class Dispatcher:
         call.prompt = None  # the engine's, once it answers
         call.engine_request = chat_request(call.conv, sampling, sampling.max_tokens or self.options.max_tokens,
                                            call.conv.stream, self.options.engine_model)
+        call.raw_body = b""
         call.detok, call.parser = None, EngineReply(call.call_id.replace("call-", "call_") + "_")
         call.flags.extend(overridden)
 
-    def remember(self, call: calls.Call, completion) -> None:
-        """A recorded call, now the session history's last turn (its next prompt extends it)."""
+    async def complete(self, call: calls.Call) -> http.Response:
+        """The provider's reply to a non-streamed call, recorded before it is returned."""
+        async def send(replica: Replica) -> tuple[int, bytes]:
+            replica.inflight += 1
+            try:
+                return await replica.client.complete(*call.engine_request)  # rebuilt by a fail_over
+            finally:
+                replica.inflight -= 1
+
+        replica, (status, raw) = await self.on_replica(call, send)
+        data = engine_json(raw)
+        if status != 200:
+            replica.served += 1
+            raise engine_refused(status, data)
+        self.engines.pool.answered(replica)
+        try:
+            if calls.rendered_by_engine(call):
+                calls.take_chat(call, data)
+                if call.prompt is None:
+                    raise EngineError(NO_PROMPT_IDS)
+            else:
+                apply_chunk(self.options.engine, data, call.output)
+                calls.feed_ids(call, call.output.output_ids, self.model.stop_ids)
+        except EngineError as e:
+            raise ProviderError(502, f"polar: {e}", "api_error") from e
+        calls.finish_events(call)
+        completion = calls.completion_of(call, self.model.stop_ids)
+        body = CODECS[call.route.api].render_response(completion)
+        await self.settle(call, completion, body, None)
+        return json_response(200, body)
+
+    def finish(self, call: calls.Call, completion, body: dict | None, error: str | None) -> None:
+        """Record the call, then (only once it is on disk) remember it in the session history, before the reply
+        goes out, so the harness's next request can already extend it. Raises CaptureError."""
+        if self.record(call, calls.make_record(call, body, error=error, flags=self._flags(call))) and error is None:
+            self._remember(call, completion)
+
+    async def settle(self, call: calls.Call, completion, body: dict | None, error: str | None) -> None:
+        """`finish` without blocking the loop: the record goes into the capture writer's next batch, and the
+        reply waits until it is durable. Raises CaptureError."""
+        if call.recorded:
+            return
+        record = calls.make_record(call, body, error=error, flags=self._flags(call))
+        call.recorded = True  # the claim (see `record`); kept if this await is cancelled, the write goes on
+        try:
+            await self.capture.commit(record, _extends(call))
+        except Exception:  # nothing on disk (a cancellation is not an Exception: the claim stands)
+            call.recorded = False
+            raise
+        if error is None:
+            self._remember(call, completion)
+
+    @staticmethod
+    def _flags(call: calls.Call) -> tuple[str, ...]:
+        return tuple(call.flags) + (call.parser.result().flags if call.parser else ())
+
+    def _remember(self, call: calls.Call, completion) -> None:
         if calls.rendered_by_engine(call):  # the engine renders each call in full: no history to substitute
             return
         key = (call.session.task_id, call.session.session_id)
@@ -334,3 +258,51 @@ class Dispatcher:
         if "prefix_cache_ids" in f:
             line += f"; shared-prefix cache {f['prefix_cache_prefixes']} prefixes, {f['prefix_cache_ids']} ids"
         return line
+
+    def fail(self, call: calls.Call, e: ProviderError) -> http.Response:
+        """The provider's error for a call, recorded when it was an LLM call."""
+        if e.status >= 500 or e.status == 413:
+            log.error("polar: call %s: %s", call.call_id, e.message)
+        if call.route.kind == "generate" and not call.recorded:
+            try:
+                self.record(call, calls.make_record(call, None, error=e.message, flags=tuple(call.flags)))
+            except CaptureError as ce:
+                return error_response(call.route.api, 500, f"polar: {ce}")
+        return error_response(call.route.api, e.status, e.message, e.kind)
+
+    async def fail_async(self, call: calls.Call, e: ProviderError) -> http.Response:
+        """`fail` without blocking the event loop while the record is written (the loop serves other calls)."""
+        if e.status >= 500 or e.status == 413:
+            log.error("polar: call %s: %s", call.call_id, e.message)
+        if call.route.kind == "generate" and not call.recorded:
+            call.recorded = True  # the claim (see `record`)
+            try:
+                await self.capture.commit(calls.make_record(call, None, error=e.message, flags=tuple(call.flags)),
+                                          _extends(call))
+            except Exception as ce:
+                call.recorded = False
+                if not isinstance(ce, CaptureError):
+                    raise
+                return error_response(call.route.api, 500, f"polar: {ce}")
+        return error_response(call.route.api, e.status, e.message, e.kind)
+
+    # A call has one record. The first writer claims it before writing, so a disconnect noticed meanwhile (the
+    # error hook, the relay finishing the stream) cannot add a second line with the same call_id, which readers
+    # refuse.
+    def record(self, call: calls.Call, record) -> bool:
+        """Write the call's record; False when it already has one (that one stands)."""
+        if call.recorded:
+            return False
+        call.recorded = True
+        try:
+            self.capture.write(record, _extends(call))
+        except Exception:
+            call.recorded = False  # nothing on disk: an error record may still be tried
+            raise
+        return True
+
+
+def _extends(call: calls.Call) -> int:
+    """How many leading prompt ids are the parent call's prompt + output (the capture writer then checks
+    only the seam), 0 for a prompt rendered in full."""
+    return call.prompt.extends if call.prompt is not None and call.prompt.parent_call_id else 0

@@ -9,8 +9,8 @@ from typing import Any, AsyncIterator
 
 import aiohttp
 
-from polar_mitm import bodies
 from polar_mitm.conversation import ProviderError
+from polar_traj.captures import dumps_line, loads_line  # orjson, with the stdlib for what orjson refuses
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ def engine_timeout(seconds: float, what: str = "") -> EngineFailure:
 def engine_json(raw: bytes) -> Any:
     """The engine's JSON answer; a body that is not JSON becomes an error object holding its start."""
     try:
-        return bodies.decode(raw or b"{}")
+        return loads_line(raw or b"{}")
     except ValueError:  # JSONDecodeError, UnicodeDecodeError
         return {"error": {"message": raw[:500].decode(errors="replace")}}
 
@@ -83,7 +83,7 @@ class EngineClient:
         """(status, body) of a non-streamed call; ProviderError 503/504 when the engine is down or too slow."""
         timeout = aiohttp.ClientTimeout(total=self.timeouts.total_s, sock_connect=10)
         try:
-            async with self.http().post(self.base_url + path, data=bodies.encode(body),
+            async with self.http().post(self.base_url + path, data=dumps_line(body),
                                          headers={"content-type": "application/json"}, timeout=timeout) as r:
                 return r.status, await r.read()
         except asyncio.TimeoutError as e:
@@ -96,7 +96,7 @@ class EngineClient:
         timeout = aiohttp.ClientTimeout(total=self.timeouts.total_s, sock_connect=10,
                                         sock_read=self.timeouts.first_byte_s)
         try:
-            return await self.http().post(self.base_url + path, data=bodies.encode(body),
+            return await self.http().post(self.base_url + path, data=dumps_line(body),
                                            headers={"content-type": "application/json"}, timeout=timeout)
         except asyncio.TimeoutError as e:
             raise engine_timeout(self.timeouts.first_byte_s, " waiting for the first byte") from e

@@ -20,11 +20,8 @@ from typing import Callable, Protocol
 
 import aiohttp
 
-from mitmproxy import ctx
-from mitmproxy.exceptions import OptionsError
-
 from polar_mitm.conversation import ProviderError
-from polar_mitm.engines.backends import parse_backends, parse_placement, placement_key
+from polar_mitm.engines.backends import placement_key
 from polar_mitm.engines.client import EngineClient, Timeouts
 
 log = logging.getLogger(__name__)
@@ -191,90 +188,31 @@ class Placed(Protocol):
     def move_to(self, url: str) -> None: ...
 
 
-def parse_positive(value: int) -> int:
-    if value <= 0:
-        raise ValueError(f"expected a positive number, got {value}")
-    return value
-
-
-def parse_seconds_or_off(value: int) -> int:
-    if value < 0:
-        raise ValueError(f"expected 0 (off) or a number of seconds, got {value}")
-    return value
-
-
-def parse_grace(value: int) -> int:
-    if value < 0:
-        raise ValueError(f"expected 0 (none) or a number of seconds, got {value}")
-    return value
-
-
-# option -> (parse, attribute): the pool's are read together into a new pool when any of them changes
-OPTIONS = {
-    "polar_backend": (parse_backends, "urls"),
-    "polar_engine_timeout": (parse_positive, "total_s"),
-    "polar_engine_first_byte_timeout": (parse_positive, "first_byte_s"),
-    "polar_engine_placement": (parse_placement, "placement"),
-    "polar_engine_start_grace": (parse_grace, "grace_s"),
-    "polar_engine_probe_interval": (parse_positive, "probe_s"),
-    "polar_engine_status_interval": (parse_seconds_or_off, "status_s"),
-}
-POOL_OPTIONS = ("polar_backend", "polar_engine_timeout", "polar_engine_first_byte_timeout", "polar_engine_placement",
-                "polar_engine_start_grace")
-
-
 class Engines:
-    """The engines stage: its options, the pool, the shared placement, and the probe and status tasks."""
+    """What the router uses: the pool, the shared placement, and the probe and status tasks."""
 
     def __init__(self) -> None:
-        self.urls: tuple[str, ...] = ("http://127.0.0.1:30000",)
-        self.total_s, self.first_byte_s, self.placement, self.grace_s = 600, 120, "least_loaded", START_GRACE_S
-        self.probe_s, self.status_s = 5, 60
-        self.pool = EnginePool(self.urls, Timeouts())
+        self.pool = EnginePool(("http://127.0.0.1:30000",), Timeouts())
         self.shared: SharedPlacement | None = None
         self._tasks: list[asyncio.Task] = []
 
-    def load(self, loader) -> None:
-        loader.add_option("polar_backend", str, "http://127.0.0.1:30000",
-                          "Inference server base URL; several replicas comma-separated (sessions stick to one).")
-        loader.add_option("polar_engine_placement", str, "least_loaded",
-                          "Where a new session goes: least_loaded (fewest calls in flight) or round_robin.")
-        loader.add_option("polar_engine_probe_interval", int, 5, "Seconds between health probes of each engine.")
-        loader.add_option("polar_engine_start_grace", int, 30,
-                          "Seconds after the start in which probes do not mark down an engine that never answered.")
-        loader.add_option("polar_engine_status_interval", int, 60,
-                          "Seconds between log lines of per-engine calls in flight and sessions; 0 = off.")
-        loader.add_option("polar_engine_timeout", int, 600, "Seconds a whole engine call may take.")
-        loader.add_option("polar_engine_first_byte_timeout", int, 120,
-                          "Streams: seconds until the engine's first byte, and between two chunks.")
-
-    def configure(self, updated) -> None:
-        for name, (parse, attr) in OPTIONS.items():
-            if name in updated:
-                try:
-                    setattr(self, attr, parse(getattr(ctx.options, name)))
-                except ValueError as e:
-                    raise OptionsError(f"{name}: {e}") from e
-        if any(name in updated for name in POOL_OPTIONS):
-            self.configure_pool(self.urls, Timeouts(self.total_s, self.first_byte_s), self.placement, self.grace_s)
-
-    def configure_pool(self, urls: tuple[str, ...], timeouts: Timeouts, placement: str,
-                       grace_s: float = START_GRACE_S) -> None:
+    def configure(self, urls: tuple[str, ...], timeouts: Timeouts, placement: str,
+                  grace_s: float = START_GRACE_S) -> None:
         old, self.pool = self.pool, EnginePool(urls, timeouts, placement, grace_s)
         if any(r.client.opened for r in old.replicas):  # a reconfigure while running: free the old pool
             closing = asyncio.get_running_loop().create_task(old.close())
             self._tasks.append(closing)  # held until stop(): the loop keeps tasks only weakly
 
-    async def start(self, redis_url: str | None, ttl_s: int, sessions: Callable[[], dict[str, int]],
-                    memory: Callable[[], str] | None = None) -> None:
+    async def start(self, redis_url: str | None, ttl_s: int, probe_s: float, status_s: float,
+                    sessions: Callable[[], dict[str, int]], memory: Callable[[], str] | None = None) -> None:
         await self.pool.probe_all()
         log.info("polar: engines (%s placement): %s", self.pool.placement, self.pool.status({}))
         if redis_url:
             self.shared = SharedPlacement(redis_url, ttl_s)
         loop = asyncio.get_running_loop()
-        self._tasks.append(loop.create_task(self._probe_forever(self.probe_s)))
-        if self.status_s > 0:
-            self._tasks.append(loop.create_task(self._report_forever(self.status_s, sessions, memory)))
+        self._tasks.append(loop.create_task(self._probe_forever(probe_s)))
+        if status_s > 0:
+            self._tasks.append(loop.create_task(self._report_forever(status_s, sessions, memory)))
 
     async def stop(self) -> None:
         for task in self._tasks:

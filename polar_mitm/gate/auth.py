@@ -2,7 +2,7 @@
 
 A routed flow leaves this addon with a session or with a local answer (407/401, or 503 when the session store
 cannot be asked), and without its credential headers, whatever the credentials hold. An LLM call of a session
-with a call cap is counted here (`polar_call_number`); the call's owner refuses the calls past the cap."""
+with a call cap is counted here (`polar_call_number`); the router refuses the calls past the cap."""
 from __future__ import annotations
 
 import logging
@@ -82,7 +82,7 @@ class SessionAuth:
             flow.response = error_response(api, status, "polar: unknown session credentials")
             return
         if session.max_calls is not None and flow.metadata["polar_route"].kind == "generate":
-            try:  # the call's owner refuses a call past the cap (polar_mitm/calls/owner.py), and records it
+            try:  # the router refuses a call past the cap (polar_mitm/router.py), and records it
                 flow.metadata["polar_call_number"] = await self.store.count_call(session)
             except SessionStoreError as e:
                 log.error("polar: %s", e)

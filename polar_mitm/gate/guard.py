@@ -62,18 +62,6 @@ def request_headers(flow: http.HTTPFlow) -> dict[str, str]:
     return cached
 
 
-def api_of(flow: http.HTTPFlow) -> str:
-    """The provider API a flow's answer is shaped for: its route's, else its host's family's (openai_chat when
-    even that cannot be told)."""
-    route = flow.metadata.get("polar_route")
-    if route is not None:
-        return route.api
-    try:
-        return family_api(family_of(flow.request.pretty_host.lower(), request_headers(flow), flow.request.path))
-    except Exception:
-        return "openai_chat"
-
-
 class Guard:
     def __init__(self) -> None:
         self.hosts = frozenset(PROVIDER_HOSTS)

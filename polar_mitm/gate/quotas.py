@@ -1,6 +1,6 @@
 """Per-session quotas: one session's calls cannot take the proxy from the others (calls in flight, and request
 bytes per minute). Over a quota, the call is refused with the provider's 429 and recorded, before its body is
-parsed. The calls-per-session cap lives with the session (polar_mitm/gate/auth.py, calls/owner.check_call_cap)."""
+parsed. The calls-per-session cap lives with the session (polar_mitm/gate/auth.py, router.check_call_cap)."""
 from __future__ import annotations
 
 import time
