@@ -106,6 +106,11 @@ def reference_server(model_dir: Path, policy: Path | None, log: Path) -> Iterato
             watch.release()
 
 
+# How long a live proxy may take to listen. It reads its tokenizer first: a GGUF file is converted on first use, which
+# took over 90 s on 2 loaded cores (CI, beside a reference server sampling). One that dies is reported at once.
+PROXY_START_S = 300.0
+
+
 @contextmanager
 def start_proxy(tokenizer: Path, backend: str, capture_dir: Path, confdir: Path, log: Path,
                 sessions: str = "open", engine: str = "sglang", host: str = "127.0.0.1",
@@ -128,8 +133,8 @@ def start_proxy(tokenizer: Path, backend: str, capture_dir: Path, confdir: Path,
             proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
         watch = supervisor.watch_process(proc.pid)  # it also dies with us (die_with_parent): this is for its port
         try:
-            wait_for_port(p1, proc, log, 90.0, host)
-            wait_for_port(p2, proc, log, 90.0, host)
+            wait_for_port(p1, proc, log, PROXY_START_S, host)
+            wait_for_port(p2, proc, log, PROXY_START_S, host)
             ca = confdir / "mitmproxy-ca-cert.pem"
             wait_for_file(ca, proc, log)
             break
