@@ -5,6 +5,11 @@ creates (scripts/setup_sandbox_user.sh): the runtimes drop to it (bwrap: `setpri
 process; Apptainer: `--security uid:…,gid:…`), and the sample's HOME, workspace and socket folder are handed
 to it before each exec. Polar started by an unprivileged user needs none of this: its sandboxes are that user.
 
+Root inside, never outside (issue 66): under podman a container's processes run as the image's own user, root
+unless its USER says otherwise, in a user namespace that starts at polar-sandbox's subordinate ids
+(/etc/subuid, /etc/subgid; `subordinate_range`): the host sees the container's root as the first of them, an
+unprivileged uid that owns nothing outside the sample's folders.
+
 After each exec the host clears setuid/setgid bits in those folders, and copies out of a sandbox never carry
 them: no file the agent made can gain privileges on the host. Both walks go by directory descriptors and never
 follow a symlink (os.fwalk), so a link the agent left cannot point them at a host path.
@@ -23,6 +28,7 @@ from typing import Iterable
 SANDBOX_USER = "polar-sandbox"
 PRIVILEGE_BITS = stat.S_ISUID | stat.S_ISGID
 COPY_CHUNK = 1 << 20  # bytes of a sparse file's data copied at a time
+MIN_IDS = 65536  # a subordinate range holds an image's users and groups (nobody is 65534)
 
 
 class IdentityError(RuntimeError):
@@ -54,6 +60,43 @@ def sandbox_identity(user: str = SANDBOX_USER) -> Identity | None:
     if entry.pw_uid == 0 or entry.pw_gid == 0:
         raise IdentityError(f"the `{user}` user has uid {entry.pw_uid}, gid {entry.pw_gid}: it must not be root")
     return Identity(entry.pw_uid, entry.pw_gid)
+
+
+@dataclass(frozen=True)
+class IdRange:
+    """A user namespace's ids on the host: the namespace's uid 0 is host `uid`, its gid 0 host `gid`."""
+
+    uid: int
+    gid: int
+    count: int
+
+    def host(self, inside: Identity) -> Identity:
+        """Who `inside` (a uid/gid in the namespace) is on the host; IdentityError past the range's end."""
+        if not (0 <= inside.uid < self.count and 0 <= inside.gid < self.count):
+            raise IdentityError(f"uid {inside.uid} / gid {inside.gid} is outside the sandbox's {self.count} ids")
+        return Identity(self.uid + inside.uid, self.gid + inside.gid)
+
+
+def subordinate_range(user: str = SANDBOX_USER, files: tuple[Path, Path] = (Path("/etc/subuid"),
+                                                                            Path("/etc/subgid"))) -> IdRange:
+    """`user`'s subordinate uid and gid ranges (the first line of each file naming it); IdentityError when
+    either is missing or too small to hold an image's usual users (`make setup` writes them)."""
+    found = []
+    for path in files:
+        try:
+            lines = path.read_text().splitlines()
+        except OSError:
+            lines = []
+        entry = next((line.split(":") for line in lines if line.split(":")[0] == user), None)
+        if entry is None or len(entry) != 3 or not (entry[1].isdigit() and entry[2].isdigit()):
+            raise IdentityError(f"no subordinate id range for `{user}` in {path}: a container's root runs as "
+                                "those ids on the host; `make setup` adds them (scripts/setup_sandbox_user.sh)")
+        found.append((int(entry[1]), int(entry[2])))
+    (uid, uids), (gid, gids) = found
+    if uid == 0 or gid == 0 or min(uids, gids) < MIN_IDS:
+        raise IdentityError(f"`{user}`'s subordinate ids ({uid}+{uids}, {gid}+{gids}) must start above 0 and "
+                            f"hold at least {MIN_IDS}")
+    return IdRange(uid, gid, min(uids, gids))
 
 
 def _walk(top: Path) -> Iterable[tuple[int, list[str]]]:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from polar.sandbox.identity import (Identity, IdentityError, copy_without_privileges, drop_privilege_bits,
-                                    hand_over, sandbox_identity)
+from polar.sandbox.identity import (IdRange, Identity, IdentityError, copy_without_privileges,
+                                    drop_privilege_bits, hand_over, sandbox_identity, subordinate_range)
 
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="changing owners needs root")
 
@@ -27,6 +27,30 @@ def test_identity_is_never_root():
 def test_root_without_the_user_refuses():
     with pytest.raises(IdentityError, match="make setup"):
         sandbox_identity("polar-no-such-user")
+
+
+def test_subordinate_range_is_read_per_user_and_maps_inside_ids(tmp_path):
+    subuid, subgid = tmp_path / "subuid", tmp_path / "subgid"
+    subuid.write_text("someone:100000:65536\npolar-sandbox:165536:65536\n")
+    subgid.write_text("polar-sandbox:300000:70000\n")
+    ids = subordinate_range("polar-sandbox", (subuid, subgid))
+    assert ids == IdRange(165536, 300000, 65536)
+    assert ids.host(Identity(0, 0)) == Identity(165536, 300000)  # root inside
+    assert ids.host(Identity(1000, 1000)) == Identity(166536, 301000)
+    with pytest.raises(IdentityError, match="outside"):
+        ids.host(Identity(65536, 0))
+    with pytest.raises(IdentityError, match="make setup"):
+        subordinate_range("nobody-here", (subuid, subgid))
+    subgid.write_text("polar-sandbox:300000:1000\n")
+    with pytest.raises(IdentityError, match="at least 65536"):
+        subordinate_range("polar-sandbox", (subuid, subgid))
+
+
+@root_only
+def test_setup_gave_polar_sandbox_a_range_of_its_own():
+    """make setup's range: above every host uid in use, not root's."""
+    ids = subordinate_range()
+    assert ids.uid >= 100000 and ids.gid >= 100000 and ids.count >= 65536
 
 
 def tree_with_links(tmp_path: Path) -> tuple[Path, Path]:
