@@ -7,10 +7,16 @@ evaluator step is an `exec` into it, and `stop` removes it (`rm -f`). The promis
 but loopback (`--network none`; the proxy through the unix sockets of polar/sandbox/bridge.py in the shared
 folder), a read-only root with only HOME, the workspace, the socket folder and a size-bounded /tmp writable, no
 capability, no-new-privileges, the harness CLIs, node and the forwarder bound read-only at their host paths,
-`--pids-limit`/`--memory`/`--cpus` and explicit rlimits. Every process runs as the polar-sandbox user
-(identity.py) when Polar is root, so the host never sees uid 0 from a sandbox; unprivileged podman keeps the
-caller's uid (`--userns keep-id`). After each exec every process it left is killed (`kill -9 -1` from inside:
-all but the container's first process).
+`--pids-limit`/`--memory`/`--cpus` and explicit rlimits. After each exec every process it left is killed
+(`kill -9 -1` from inside: all but the container's first process).
+
+Who runs (issue 66): under podman, the image's own user, root unless its USER says otherwise, as terminal-bench
+images expect (root's build-time configuration, tools under /usr/local), in a user namespace: Polar as root maps
+it onto polar-sandbox's subordinate ids (`--uidmap`, identity.py), unprivileged podman onto the caller. The
+container's root holds the capabilities a root process uses on its own files (ROOT_CAPS), in that namespace
+only; the host never sees uid 0 from a sandbox. The sample's HOME starts with the image user's home (dotfiles,
+`git config --global`; `seed_home`). docker has no per-container user namespace: there every process runs as
+polar-sandbox (Polar as root) or the caller, with no capability.
 
 Images (a task's `image:`): `docker://REF` or a local tag (`polar-tasks:local`), a `docker save` tarball
 (loaded once), a Harbor task's Dockerfile (built once, from base images on the node only), or a root filesystem
@@ -43,7 +49,7 @@ from typing import Mapping, Sequence
 from polar.sandbox import bridge, seccomp, supervisor
 from polar.sandbox.build_context import ContextError, caps_from_env, context_digest, missing_image, pull_policy
 from polar.sandbox.apptainer import read_only_binds
-from polar.sandbox.identity import Identity, sandbox_identity
+from polar.sandbox.identity import IdRange, Identity, IdentityError, sandbox_identity, subordinate_range
 from polar.sandbox.image_names import MAP_ENV, image_map, mapped, qualified
 from polar.sandbox.limits import DEFAULT_LIMITS, Limits
 from polar.sandbox.runtime import ExecResult, Mounts, SandboxError, _copy, bridged, run_as
@@ -66,6 +72,10 @@ REAPER = ("import os, signal, time\nsignal.signal(signal.SIGTERM, lambda *_: os.
           "    try:\n        os.wait()\n    except ChildProcessError:\n        time.sleep(0.5)\n")
 INIT = ["sh", "-c", 'command -v python3 >/dev/null && exec python3 -I -c "$0"; trap "exit 0" TERM; '
         'while :; do sleep 1; done', REAPER]
+# What root inside a podman container may do, in its user namespace only: its own files and processes (apt
+# drops to _apt, servers bind low ports). No CAP_SYS_ADMIN, no MKNOD, no raw sockets.
+ROOT_CAPS = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETUID", "SETGID", "NET_BIND_SERVICE")
+HOME_SEED_BYTES = 64 << 20  # an image's home larger than this (a cache baked in) is not copied into the sample's
 # Run after every exec, as the sandbox's user: count and kill what is left (kill -1 spares pid 1 and itself).
 REAP = ('n=0; for d in /proc/[0-9]*; do p=${d#/proc/}; [ "$p" = 1 ] || [ "$p" = $$ ] || n=$((n + 1)); done; '
         'kill -9 -1 2>/dev/null; echo "$n"')
@@ -261,14 +271,50 @@ def load_tarball(engine: Engine, tarball: Path) -> str:
 
 
 # -- containers ---------------------------------------------------------------------------------------------------
-def run_args(engine: Engine, mounts: Mounts, who: Identity, limits: Limits, cpus: float) -> list[str]:
+@dataclass(frozen=True)
+class Users:
+    """Who a container's processes are. `user`: the uid:gid every exec names (None: the image's own user);
+    `ids`: where the container's user namespace starts on the host (None: no map of ours)."""
+
+    user: Identity | None
+    ids: IdRange | None
+
+    @property
+    def root_inside(self) -> bool:
+        return self.user is None
+
+    def owner(self, inside: Identity) -> Identity | None:
+        """The host identity the sandbox's folders are handed to, for processes running as `inside` (None: ours,
+        when Polar is unprivileged)."""
+        if self.ids is not None:
+            return self.ids.host(inside)
+        return self.user if self.user is not None and os.geteuid() == 0 else None
+
+
+def users_for(engine: Engine) -> Users:
+    """podman: the image's user in a user namespace (polar-sandbox's subordinate ids when we are root);
+    docker: polar-sandbox when we are root, else the caller."""
+    try:
+        if engine.kind == "podman":
+            return Users(None, subordinate_range() if os.geteuid() == 0 else None)
+        return Users(sandbox_identity() or Identity(os.getuid(), os.getgid()), None)
+    except IdentityError as e:
+        raise SandboxError(f"docker runtime: {e}") from e
+
+
+def user_args(users: Users) -> list[str]:
+    return ["--user", f"{users.user.uid}:{users.user.gid}"] if users.user else []
+
+
+def run_args(engine: Engine, mounts: Mounts, users: Users, limits: Limits, cpus: float) -> list[str]:
     """The isolation and limits of one sandbox container (everything but its name and image)."""
     nofile, nproc = (_at_most(resource.RLIMIT_NOFILE, NOFILE), _at_most(resource.RLIMIT_NPROC, NPROC))
     args = ["--detach", "--rm", "--label", LABEL, "--label", f"polar.node={socket.gethostname()}",
             "--label", f"polar.home={mounts.home}",
             "--label", f"polar.created={int(time.time())}", "--network", "none", "--read-only",
             "--tmpfs", f"/tmp:rw,nosuid,nodev,size={TMP_BYTES}", "--cap-drop", "ALL",
-            "--security-opt", "no-new-privileges", "--user", f"{who.uid}:{who.gid}",
+            *(["--cap-add", ",".join(ROOT_CAPS)] if users.root_inside else []),
+            "--security-opt", "no-new-privileges", *user_args(users),
             "--pids-limit", str(limits.processes), "--memory", str(limits.memory_bytes),
             "--memory-swap", str(limits.memory_bytes), "--cpus", f"{limits.cpus or cpus:g}",
             "--ulimit", f"nofile={nofile}:{nofile}", "--ulimit", f"nproc={nproc}:{nproc}",
@@ -278,8 +324,9 @@ def run_args(engine: Engine, mounts: Mounts, who: Identity, limits: Limits, cpus
         # its default profile allows new user namespaces: that allowlist less ours (polar/sandbox/seccomp.py);
         # docker's default refuses them already (no CAP_SYS_ADMIN), so docker keeps its own
         args += ["--security-opt", f"seccomp={seccomp.profile_file()}"]
-        if os.geteuid() != 0:
-            args += ["--userns", "keep-id"]
+        if users.ids is not None:
+            ids = users.ids
+            args += ["--uidmap", f"0:{ids.uid}:{ids.count}", "--gidmap", f"0:{ids.gid}:{ids.count}"]
     for src, at in mounts.own():
         args += ["--volume", f"{src}:{at}"]
     for src, dst in mounts.binds:
@@ -319,9 +366,42 @@ def remove_leftovers(engine: Engine, max_age_s: float = MAX_AGE_S) -> list[str]:
 class DockerSandbox:
     """One running container; `exec` may be called many times (harness, then evaluator)."""
 
-    def __init__(self, mounts: Mounts, name: str, engine: Engine, who: Identity, drop_to: Identity | None) -> None:
-        self.mounts, self.name, self.engine, self.who = mounts, name, engine, who
-        self.drop_to = drop_to  # the host identity the folders are handed to (None: we are unprivileged)
+    def __init__(self, mounts: Mounts, name: str, engine: Engine, users: Users) -> None:
+        self.mounts, self.name, self.engine, self.users = mounts, name, engine, users
+        # the host identity the folders are handed to (None: we are unprivileged)
+        self.drop_to = users.owner(self.inside() if users.root_inside else users.user)
+
+    def inside(self) -> Identity:
+        """The uid:gid an exec runs as in the container (the image's user when no --user is named)."""
+        out = self.engine.run(["exec", *user_args(self.users), self.name, "sh", "-c", "id -u; id -g"],
+                              timeout=60).stdout.split()
+        if len(out) != 2 or not all(x.isdigit() for x in out):
+            raise SandboxError(f"docker runtime: `id` in container {self.name} printed {out!r}")
+        return Identity(int(out[0]), int(out[1]))
+
+    def seed_home(self) -> str | None:
+        """Copy the image user's home (dotfiles, `git config --global`, …) into the sample's HOME, keeping what
+        Polar put there; a note when it was not copied (too large, no tar in the image), else None."""
+        script = 'cd ~ 2>/dev/null && [ "$PWD" != / ] && exec tar -c --exclude=./.cache -f - .'
+        cmd = [*self.engine.base(), "exec", *user_args(self.users), self.name, "sh", "-c", script]
+        with tempfile.TemporaryFile() as tar_file:
+            proc = subprocess.Popen(cmd, env=self.engine.env(), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                    cwd=CLI_CWD)
+            size = 0
+            while chunk := proc.stdout.read(1 << 16):
+                size += len(chunk)
+                if size > HOME_SEED_BYTES:
+                    proc.kill()
+                    proc.wait()
+                    return f"the image's home is over {HOME_SEED_BYTES >> 20} MiB: not copied into the sample's HOME"
+                tar_file.write(chunk)
+            if proc.wait(60) != 0 or size == 0:
+                return None if size == 0 else "the image's home could not be read (no tar in the image?)"
+            tar_file.seek(0)
+            with tarfile.open(fileobj=tar_file) as tar:
+                keep = [m for m in tar.getmembers() if not (self.mounts.home / m.name).exists()]
+                tar.extractall(self.mounts.home, members=keep, filter="data")
+        return None
 
     def exec(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path, timeout_s: float,
              stdout: Path, stderr: Path, forwards: Sequence[tuple[int, Path]] = ()) -> ExecResult:
@@ -334,7 +414,7 @@ class DockerSandbox:
         try:
             os.write(fd, "".join(f"{k}={v}\n" for k, v in env.items() if "\n" not in v).encode())
             multiline = [a for k, v in env.items() if "\n" in v for a in ("--env", k)]  # from the CLI's own env
-            cmd = [*self.engine.base(), "exec", "--user", f"{self.who.uid}:{self.who.gid}", "--workdir", str(cwd),
+            cmd = [*self.engine.base(), "exec", *user_args(self.users), "--workdir", str(cwd),
                    "--env-file", f"/dev/fd/{fd}", *multiline, self.name, *inner]
             client_env = {**self.engine.env(), **{k: v for k, v in env.items() if "\n" in v}}
             result = run_as(self.drop_to, self.mounts, cmd, client_env, self.mounts.workspace, timeout_s,
@@ -346,7 +426,7 @@ class DockerSandbox:
 
     def _reap(self) -> int:
         """Kill whatever the exec left running (a killed `exec` client leaves its processes in the container)."""
-        proc = self.engine.run(["exec", "--user", f"{self.who.uid}:{self.who.gid}", self.name, "sh", "-c", REAP],
+        proc = self.engine.run(["exec", *user_args(self.users), self.name, "sh", "-c", REAP],
                                check=False, timeout=60)
         count = proc.stdout.strip().splitlines()[-1:] if proc.returncode == 0 else []
         return int(count[0]) if count and count[0].isdigit() else 0
@@ -377,35 +457,30 @@ class DockerRuntime:
         if not image or image == "host":
             raise SandboxError("docker runtime: the task names no image (image: host); give an OCI image, a "
                                "`docker save` tarball or a root filesystem directory, or use --runtime bwrap|local")
-        engine, (who, drop_to) = find_engine(self.engine_choice), _identity()
+        engine = find_engine(self.engine_choice)
+        users = users_for(engine)
         remove_leftovers(engine)
         ref = image_ref(engine, image)
         name = instance or f"polar-{os.urandom(6).hex()}"
         # conmon's container, not our child: registered before it starts (polar/sandbox/supervisor.py)
         supervisor.watch_command(watch_key(name), [*engine.base(), "rm", "-f", *(["-t", "0"] if engine.kind ==
                                                    "podman" else []), name], engine.env())
-        engine.run(["run", "--name", name, *run_args(engine, mounts, who, self.limits, self.cpus), ref, *INIT])
-        return DockerSandbox(mounts, name, engine, who, drop_to)
+        engine.run(["run", "--name", name, *run_args(engine, mounts, users, self.limits, self.cpus), ref, *INIT])
+        sandbox = DockerSandbox(mounts, name, engine, users)
+        if users.root_inside and (note := sandbox.seed_home()):
+            print(f"docker runtime: {note}", file=sys.stderr)
+        return sandbox
 
     def attach(self, mounts: Mounts, image: str | None, instance: str | None) -> DockerSandbox:
         """The running container `instance` again (a later stage, maybe another process)."""
         if not instance:
             raise SandboxError("docker runtime: no running container to attach to (the sandbox never started)")
-        who, drop_to = _identity()
-        return DockerSandbox(mounts, instance, find_engine(self.engine_choice), who, drop_to)
+        engine = find_engine(self.engine_choice)
+        return DockerSandbox(mounts, instance, engine, users_for(engine))
 
 
 def watch_key(name: str) -> str:
     return f"container:{name}"
-
-
-def _identity() -> tuple[Identity, Identity | None]:
-    """(the uid:gid processes run as, the host identity folders are handed to): polar-sandbox when we are root."""
-    try:
-        drop_to = sandbox_identity()
-    except RuntimeError as e:
-        raise SandboxError(f"docker runtime: {e}") from e
-    return drop_to or Identity(os.getuid(), os.getgid()), drop_to
 
 
 def main(argv: Sequence[str] = tuple(sys.argv[1:])) -> int:

@@ -81,19 +81,52 @@ def test_proxy_reached_through_the_socket_bridge(sandbox, host_listener, tmp_pat
     assert code == 0 and out.strip() == "hello", out
 
 
-def test_root_read_only_binds_writable_no_capability(sandbox, tmp_path) -> None:
+CAP_BITS = {"CHOWN": 0, "DAC_OVERRIDE": 1, "FOWNER": 3, "FSETID": 4, "KILL": 5, "SETGID": 6, "SETUID": 7,
+            "NET_BIND_SERVICE": 10}  # linux/capability.h
+
+
+def test_root_read_only_binds_writable_few_capabilities(sandbox, tmp_path) -> None:
+    """podman: root inside (the image's user) with ROOT_CAPS in its namespace, a subordinate uid outside;
+    docker: polar-sandbox (or the caller) with no capability. Both: the root read-only, no new privileges."""
     script = ("echo hi > made.txt; touch /usr/x /etc/x /x; echo rc=$?; node -e 'console.log(process.version)'; "
               "grep CapEff /proc/self/status; grep NoNewPrivs /proc/self/status; id -u; echo t > /tmp/t && echo tmp-ok")
     code, out = run(sandbox, ["sh", "-c", script], tmp_path)
     assert code == 0, out
-    assert (sandbox.mounts.workspace / "made.txt").read_text() == "hi\n"
+    made = sandbox.mounts.workspace / "made.txt"
+    assert made.read_text() == "hi\n"
     assert "rc=1" in out and out.count("Read-only file system") == 3, out
     assert re.search(r"^v\d+\.\d+", out, re.M), out  # the host's node, bound read-only
-    assert "CapEff:\t0000000000000000" in out and "NoNewPrivs:\t1" in out and "tmp-ok" in out
+    assert "NoNewPrivs:\t1" in out and "tmp-ok" in out
+    caps = int(re.search(r"CapEff:\t([0-9a-f]+)", out)[1], 16)
+    if sandbox.engine.kind == "podman":
+        assert caps == sum(1 << CAP_BITS[name] for name in docker.ROOT_CAPS), out
+        assert "\n0\n" in out, out  # root inside
+    else:
+        assert caps == 0, out
     if os.geteuid() == 0:
-        from polar.sandbox.identity import sandbox_identity
+        from polar.sandbox.identity import sandbox_identity, subordinate_range
 
-        assert f"\n{sandbox_identity().uid}\n" in out  # polar-sandbox, the host's uid too
+        if sandbox.engine.kind == "podman":  # the container's root is polar-sandbox's first subordinate id
+            assert made.stat().st_uid == subordinate_range().uid != 0
+        else:
+            assert f"\n{sandbox_identity().uid}\n" in out  # polar-sandbox, the host's uid too
+
+
+def test_the_sample_home_starts_with_the_image_users_home(tmp_path) -> None:
+    """Root's build-time dotfiles (the demo image's /root/.bashrc) are in the sample's HOME; a file Polar put
+    there first is kept."""
+    engine = require_engine()
+    if engine.kind != "podman":
+        pytest.skip("the image's user runs only under podman (docker: polar-sandbox)")
+    m = mounts_in(tmp_path)
+    (m.home / ".bashrc").write_text("# Polar's own\n")
+    box = get_runtime("docker").prepare(m, image=str(demo_image()))
+    try:
+        code, out = run(box, ["sh", "-c", "id -u; cat ~/.profile | head -1; cat ~/.bashrc"], tmp_path)
+    finally:
+        box.stop()
+    image_profile = (demo_image() / "root" / ".profile").read_text().splitlines()[0]
+    assert code == 0 and out.splitlines()[:3] == ["0", image_profile, "# Polar's own"], out
 
 
 def test_secrets_stay_off_the_command_line(sandbox, tmp_path) -> None:
