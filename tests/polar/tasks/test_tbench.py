@@ -1,6 +1,7 @@
-"""A dataset, not a task (issue 43): fixtures/tbench, eleven task directories made as terminal-bench 2 makes them
-(version 2.0, environment/Dockerfile `FROM polar-tasks:local` copying app/ to /app, workdir /app), bash, Python
-and C (built with the image's tcc). Every task's oracle scores 1 and a do-nothing solution 0 on the container
+"""A dataset, not a task (issue 43): fixtures/tbench, twelve task directories made as terminal-bench 2 makes them
+(version 2.0, environment/Dockerfile `FROM polar-tasks:local` copying app/ to /app, workdir /app), bash, Python,
+C (built with the image's tcc) and git (commit-fix: its solution commits with root's identity, configured when
+the image was built; issue 66). Every task's oracle scores 1 and a do-nothing solution 0 on the container
 engine: each is solvable as packaged, and none pays for no work. On Apptainer the same for one task of each kind
 (each task is an image of its own, and each image's first Apptainer run exports it: ~8 s apiece here; all eleven
 were run for issue 43's closing note)."""
@@ -20,11 +21,11 @@ ROOT = Path(__file__).resolve().parents[3]
 DATASET = ROOT / "fixtures" / "tbench"
 
 
-def test_the_dataset_reads_as_eleven_tasks_of_three_kinds():
+def test_the_dataset_reads_as_twelve_tasks_of_four_kinds():
     tasks = load_tasks(DATASET)
-    assert len(tasks) == 11 and all(t.workdir == "/app" and t.image.endswith("/Dockerfile") for t in tasks)
+    assert len(tasks) == 12 and all(t.workdir == "/app" and t.image.endswith("/Dockerfile") for t in tasks)
     tags = {tag for t in tasks for tag in t.metadata["tags"]}
-    assert {"bash", "python", "c"} <= tags
+    assert {"bash", "python", "c", "git"} <= tags
 
 
 ON_APPTAINER = ("count-errors", "word-count", "c-sum")  # bash, Python, C
