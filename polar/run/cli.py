@@ -21,6 +21,7 @@ from polar.run.sample import SampleConfig, SampleResult, run_sample
 from polar.run.services import ROOT, ServiceError, running_proxy
 from polar.run.session import EngineConfig, RunConfig, run_session
 from polar.run.preflight import first_message, lacks
+from polar.sandbox.egress import HOSTS_ENV, default_allowlist, parse_hosts
 from polar.sandbox.runtime import RUNTIMES, SandboxError, names_oci_image, resolve_runtime
 from polar.sandbox.supervisor import supervising
 from polar.scoring.evaluate import EvaluatorCrash
@@ -46,8 +47,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                                                    "current directory; docs/tasks.md)")
     p.add_argument("--oracle", action="store_true", help="with --task (a Harbor task directory): run its "
                                                          "solution/solve.sh instead of a harness, then its verifier")
-    p.add_argument("--run-offline", action="store_true", help="with --task: run a task that asks for the internet "
-                                                              "without it (no sample gets it)")
+    p.add_argument("--run-offline", action="store_true", help="with --task: a task that asks for the internet "
+                   "(allow_internet) runs its verifier offline too (its agent always is)")
+    p.add_argument("--verifier-hosts", help="with --task: the hosts the verifier of a task that asks for the "
+                   "internet may reach, through Polar's egress proxy: names, *.domain, host=target:port, comma- "
+                   f"separated (default: {HOSTS_ENV}, else Debian/Ubuntu mirrors, PyPI, the uv installer; "
+                   "docs/tasks.md)")
     p.add_argument("--image", help="with --task: use this image (SIF, sandbox directory, OCI image or `host`) "
                                     "instead of the task's")
     p.add_argument("--via", default="https_proxy", choices=WAYS_IN, help="way in to the proxy")
@@ -192,7 +197,8 @@ def run_task(args: argparse.Namespace) -> int:
             as_is = args.image == "host" or names_oci_image(args.image)
             image = args.image if as_is else str(Path(args.image).resolve())
             task = dataclasses.replace(task, image=image)
-        if problems := lacks(task, args.runtime, args.run_offline):  # all of them at once, each with its fix
+        hosts = verifier_hosts(args)
+        if problems := lacks(task, args.runtime):  # all of them at once, each with its fix
             raise ValueError(first_message(task, problems))
         if args.runtime in ("bwrap", "local") and task.image not in (None, "host"):
             # these runtimes show the host's own system: say so rather than ignore the image in silence
@@ -200,7 +206,7 @@ def run_task(args: argparse.Namespace) -> int:
                   f"{task.task_id}'s image {task.image} (--image host says so; apptainer or docker use it)",
                   file=sys.stderr)
         if args.oracle:
-            return run_task_oracle(args, task)
+            return run_task_oracle(args, task, hosts)
         adapter_name = args.adapter or task.adapter
         if not adapter_name:
             raise ValueError(f"task {task.task_id} names no adapter: pass --adapter")
@@ -215,7 +221,7 @@ def run_task(args: argparse.Namespace) -> int:
     sample_id = f"{task.task_id}-{uuid.uuid4().hex[:8]}"[-128:]
     out = (args.out or Path("runs") / f"{task.task_id}-{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     cfg = SampleConfig(task, spec, out, sample_id, task.task_id, args.runtime, args.via, args.model_name,
-                       confdir=args.confdir.expanduser(), sampling=sampling)
+                       confdir=args.confdir.expanduser(), sampling=sampling, verifier_hosts=hosts)
     try:
         with Progress(None if proxy else out / "services" / "captures"):
             result = run_sample(cfg, engine, proxy)
@@ -244,7 +250,15 @@ def run_task(args: argparse.Namespace) -> int:
     return 0 if result.status == "completed" else 124 if result.status == "timeout" else 1
 
 
-def run_task_oracle(args: argparse.Namespace, task: TaskSpec) -> int:
+def verifier_hosts(args: argparse.Namespace) -> tuple[str, ...] | None:
+    """The verifier's egress list for this run (None: --run-offline); EgressError for a malformed one."""
+    if args.run_offline:
+        return None
+    allow = parse_hosts([args.verifier_hosts]) if args.verifier_hosts else default_allowlist()
+    return allow.entries()
+
+
+def run_task_oracle(args: argparse.Namespace, task: TaskSpec, hosts: tuple[str, ...] | None) -> int:
     """`polar run --task DIR --oracle`: the task's solution instead of a harness (polar/scoring/oracle.py); exit 0
     when it scores the task's top reward."""
     from polar.tasks.harbor import solution_of
@@ -269,7 +283,7 @@ def run_task_oracle(args: argparse.Namespace, task: TaskSpec) -> int:
     if out.exists():
         raise ValueError(f"--out {out} exists: the oracle gets a fresh folder")
     try:
-        result = run_oracle(task, solve, args.runtime, out)
+        result = run_oracle(task, solve, args.runtime, out, verifier_hosts=hosts)
     except (SandboxError, EvaluatorCrash, OSError) as e:
         print(f"polar run: oracle for task {task.task_id}: {type(e).__name__}: {e}", file=sys.stderr)
         return 1

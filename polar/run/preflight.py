@@ -1,5 +1,6 @@
-"""What a task needs that this node lacks, said once, before anything starts: the internet (no sample gets it
-unless run without), GPUs, a runtime, a container engine, the task's image or its Dockerfile's base images. Each
+"""What a task needs that this node lacks, said once, before anything starts: GPUs, a runtime, a container
+engine, the task's image or its Dockerfile's base images (a task that asks for the internet needs nothing more:
+its agent runs offline, its verifier through the egress proxy, polar/sandbox/egress.py). Each
 line names the flag or setting that provides it, so a first run on a bare node takes one try, not four
 (`polar run --task`); a sample prepared on a node that lacks GPUs fails there the same way (polar/run/sample.py).
 """
@@ -9,7 +10,6 @@ import glob
 from pathlib import Path
 
 from polar.sandbox.runtime import SandboxError, names_oci_image, resolve_runtime
-from polar.tasks.load import RUN_OFFLINE
 from polar.tasks.task import TaskSpec
 
 
@@ -24,12 +24,9 @@ def gpu_shortfall(task: TaskSpec) -> str | None:
     return None
 
 
-def lacks(task: TaskSpec, runtime: str, run_offline: bool) -> list[str]:
+def lacks(task: TaskSpec, runtime: str) -> list[str]:
     """One line per thing `task` needs that this node lacks (none: it can run here)."""
     found = []
-    if task.wants_internet and not run_offline:
-        found.append(f"the internet (allow_internet / network_mode), which no sample gets here: pass {RUN_OFFLINE} "
-                     "to run it without")
     if (gpus := gpu_shortfall(task)) is not None:
         found.append(gpus)
     try:

@@ -43,6 +43,7 @@ from polar.run.session import (DEFAULT_CONFDIR, HARNESS_BIN, TOOLS_BIN, EngineCo
 from polar.run.summary import CONTENT_FAILURE, WorkspaceTooLarge, build_trajectories, changed_files, count_calls
 from polar.run.state import SampleState, load_state
 from polar.sandbox import quota, supervisor
+from polar.sandbox.egress import verifier_egress
 from polar.sandbox.occupancy import occupying
 from polar.sandbox.runtime import Mounts, Sandbox, SandboxError, get_runtime, resolve_runtime
 from polar.run.artifacts import keep_artifacts
@@ -77,6 +78,9 @@ class SampleConfig:
     # fixed for every LLM call (polar_mitm/sessions/sampling.py); None: the request's
     sampling: dict[str, Any] | None = None
     strategy: str = "prefix_merge"  # trajectories: prefix_merge | per_request (polar_traj.build)
+    # The hosts the verify stage of a task that asks for the internet may reach (polar/sandbox/egress.py);
+    # None: it runs offline, like every agent stage
+    verifier_hosts: tuple[str, ...] | None = None
 
 
 @dataclass
@@ -138,7 +142,9 @@ def prepare_sample(cfg: SampleConfig, engine: EngineConfig, proxy: ProxyProcess)
                      "policy": str(engine.policy) if engine.policy else None}
     state = SampleState(cfg.sample_id, cfg.group_id, out, cfg.task, cfg.adapter.name, cfg.adapter.source,
                         cfg.way_in, cfg.runtime, engine_record, proxy, shared, temporary, socket.gethostname(),
-                        time.time(), strategy=cfg.strategy)
+                        time.time(), strategy=cfg.strategy,
+                        verifier_hosts=list(cfg.verifier_hosts) if cfg.task.wants_internet and
+                        cfg.verifier_hosts is not None else None)
     try:
         _prepare(cfg, proxy, state)
     except Exception as e:  # noqa: BLE001 - any failure here is the sample's infrastructure failing
@@ -278,14 +284,17 @@ def _verify_on(state: SampleState, task: TaskSpec, before: dict[str, str], after
         task = dataclasses.replace(task, submit=learned)  # no `submit`: what the task's oracle changed
     ground = prepare_verify(task, out, before, after, state.disk_mb)
     state.tampered, state.suspicious = list(ground.tampered), list(ground.suspicious)
+    hosts = state.verifier_hosts
+    mounts = dataclasses.replace(ground.mounts, root_writable=hosts is not None)  # apt-get in its test.sh
     sandbox = get_runtime(state.runtime, limits=task.sandbox_limits()).prepare(
-        ground.mounts, image=task.image, instance=f"polar-verify-{state.sample_id[:33]}-{uuid.uuid4().hex[:6]}")
+        mounts, image=task.image, instance=f"polar-verify-{state.sample_id[:33]}-{uuid.uuid4().hex[:6]}")
     state.verify_instance = sandbox.name
     state.cleaned["verify_sandbox"] = False
     state.save()  # stopped by cleanup even if this process dies now
     try:
-        result = evaluate(spec, sandbox, ground.mounts, where, summary, min(spec.timeout_s, state.session_left()),
-                          task.reward_range)
+        with verifier_egress(sandbox, hosts, mounts.shared, where / "egress.jsonl") as verifying:
+            result = evaluate(spec, verifying, mounts, where, summary, min(spec.timeout_s, state.session_left()),
+                              task.reward_range)
         state.evaluation = {**asdict(result), "notes": list(ground.notes)}
         state.suspicious += [f"observer: {flag}" for flag in result.flagged]
     except EvaluatorCrash as e:

@@ -68,6 +68,7 @@ class SampleState:
     # A multi-step task's steps as they run (polar/run/multistep.py): name, session, rendered harness (argv, env,
     # files), then exit_code, timed_out, evaluation, stopped (why the steps after it did not run)
     steps: list[dict[str, Any]] = field(default_factory=list)
+    verifier_hosts: list[str] | None = None  # SampleConfig.verifier_hosts, for a task that asks for the internet
 
     @property
     def mounts(self) -> Mounts:

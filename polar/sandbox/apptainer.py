@@ -168,7 +168,7 @@ class ApptainerRuntime:
         name = instance or f"polar-{uuid.uuid4().hex[:12]}"
         from spython.main import Client
 
-        options = [*START_OPTIONS, *bind_args(mounts)]
+        options = [*START_OPTIONS, *(["--writable-tmpfs"] if mounts.root_writable else []), *bind_args(mounts)]
         # Registered before it starts: the instance is its starter daemon's child, not ours, and a run killed
         # from here on must not leave it (polar/sandbox/supervisor.py)
         supervisor.watch_command(watch_key(name), [str(apptainer), "instance", "stop", "-F", name])

@@ -311,7 +311,8 @@ def run_args(engine: Engine, mounts: Mounts, users: Users, limits: Limits, cpus:
     nofile, nproc = (_at_most(resource.RLIMIT_NOFILE, NOFILE), _at_most(resource.RLIMIT_NPROC, NPROC))
     args = ["--detach", "--rm", "--label", LABEL, "--label", f"polar.node={socket.gethostname()}",
             "--label", f"polar.home={mounts.home}",
-            "--label", f"polar.created={int(time.time())}", "--network", "none", "--read-only",
+            "--label", f"polar.created={int(time.time())}", "--network", "none",
+            *([] if mounts.root_writable else ["--read-only"]),
             "--tmpfs", f"/tmp:rw,nosuid,nodev,size={TMP_BYTES}", "--cap-drop", "ALL",
             *(["--cap-add", ",".join(ROOT_CAPS)] if users.root_inside else []),
             "--security-opt", "no-new-privileges", *user_args(users),

@@ -75,6 +75,9 @@ class Mounts:
     ro_binds: tuple[tuple[Path, str], ...] = ()
     # Where the sandbox sees the workspace instead of its host path: a task's workdir (`/app`) over its image.
     workdir: str | None = None
+    # The image's root writable, a copy of its own removed with the sandbox (docker, apptainer; bwrap's root is
+    # the host's and stays read-only): the verifier of a task that installs what its tests need (apt-get).
+    root_writable: bool = False
 
     @property
     def cwd(self) -> Path:

@@ -23,8 +23,9 @@ import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
+from polar.sandbox.egress import verifier_egress
 from polar.sandbox.identity import copy_without_privileges
 from polar.sandbox.runtime import Mounts, Sandbox, get_runtime, resolve_runtime
 from polar.scoring.evaluate import Evaluation, EvaluatorCrash, evaluate, task_env
@@ -86,11 +87,14 @@ def gold_solution(task: TaskSpec, folder: Path) -> Path:
     return folder / "solve.sh"
 
 
-def run_oracle(task: TaskSpec, solve: Path | None, runtime: str, out: Path, own: bool = True) -> OracleResult:
+def run_oracle(task: TaskSpec, solve: Path | None, runtime: str, out: Path, own: bool = True,
+               verifier_hosts: Sequence[str] | None = None) -> OracleResult:
     """solve.sh (a Harbor task's solution/solve.sh; each step's steps/<name>/solution/solve.sh for a multi-step
     task, `solve` unused) on the task's workspace in `out`, then the verifier (after each step). A task without
     `submit` is verified with the allowlist this run's own changes teach; `own`: `solve` is the task's oracle, so
-    what it taught is kept for the task's samples on this node (not for another script, a do-nothing one say)."""
+    what it taught is kept for the task's samples on this node (not for another script, a do-nothing one say).
+    `verifier_hosts`: what the verifier of a task that asks for the internet may reach (None: offline), as a
+    sample's (polar/sandbox/egress.py); solve.sh, the agent's stand-in, always runs offline."""
     name, task, mounts, sandboxes, sandbox = _start(task, runtime, out)
     try:
         stepped = _steps(task, name, sandbox, sandboxes, mounts, out) if task.steps else None
@@ -103,7 +107,7 @@ def run_oracle(task: TaskSpec, solve: Path | None, runtime: str, out: Path, own:
         if task.submit is None:
             taught = learned(task, mounts.workspace)
             task = dataclasses.replace(task, submit=_remember(task, name, taught) if own else taught)
-        evaluation, ground = _verify(task, sandboxes, out, ran)
+        evaluation, ground = _verify(task, sandboxes, out, ran, verifier_hosts if task.wants_internet else None)
         result = OracleResult(name, ran, evaluation, allowlist=task.submit, dropped=ground.tampered,
                               notes=ground.notes)
     atomic.write_text(out / "result.json", json.dumps(result.to_result(task), indent=2))
@@ -137,8 +141,9 @@ def oracle_allowlist(task: TaskSpec, runtime: str, scratch: Path) -> Submit | No
 def learned(task: TaskSpec, workspace: Path) -> Submit:
     """What the oracle's work may teach: each regular file it created, changed or deleted against the pristine
     workspace (compiled Python it left behind aside), a repository's whole objects/, refs/ and logs/ when it
-    wrote there (a commit's objects have other names in every run), binary where it wrote binary files, executable where it made files so; the
-    files the task had stay changeable and new text files stay welcome, as for any task."""
+    wrote there (a commit's objects have other names in every run), binary where it wrote binary files,
+    executable where it made files so; the files the task had stay changeable and new text files stay welcome, as
+    for any task."""
     with tempfile.TemporaryDirectory(prefix="polar-pristine-") as tmp:
         base = Path(tmp) / "w"
         pristine(task.workspace, base)
@@ -270,15 +275,18 @@ def _solve(task: TaskSpec, sandbox: Sandbox, mounts: Mounts, solve: Path | None,
     return None if ran.timed_out else ran.exit_code
 
 
-def _verify(task: TaskSpec, sandboxes: Any, out: Path, ran: int | None) -> tuple[Evaluation, VerifyGround]:
-    """The task's verifier on the oracle's work; with the ground it stood on (what the allowlist dropped)."""
+def _verify(task: TaskSpec, sandboxes: Any, out: Path, ran: int | None,
+            hosts: Sequence[str] | None = None) -> tuple[Evaluation, VerifyGround]:
+    """The task's verifier on the oracle's work (behind the egress proxy when `hosts`); with the ground it stood
+    on (what the allowlist dropped)."""
     ground = prepare_verify(task, out, {}, {})
-    verifier = sandboxes.prepare(ground.mounts, image=task.image,
-                                 instance=f"polar-oracle-verify-{uuid.uuid4().hex[:12]}")
+    mounts = dataclasses.replace(ground.mounts, root_writable=hosts is not None)
+    verifier = sandboxes.prepare(mounts, image=task.image, instance=f"polar-oracle-verify-{uuid.uuid4().hex[:12]}")
     summary = {"sample_id": "oracle", "group_id": task.task_id, "adapter": None, "exit_code": ran,
                "timed_out": ran is None, "task_id": task.task_id, "files_changed": {}}
     try:
-        return evaluate(task.evaluator, verifier, ground.mounts, out, summary, task.evaluator.timeout_s,
-                        task.reward_range), ground
+        with verifier_egress(verifier, hosts, mounts.shared, out / "egress.jsonl") as verifying:
+            return evaluate(task.evaluator, verifying, mounts, out, summary, task.evaluator.timeout_s,
+                            task.reward_range), ground
     finally:
         verifier.stop()

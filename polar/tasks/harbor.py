@@ -4,8 +4,8 @@ read as Harbor reads them into our TaskSpec.
   task.toml       any `version` / `schema_version` (one warning line for a major version Polar does not know).
                   What Polar uses: [agent] timeout_sec, user; [verifier] timeout_sec, env, user;
                   [environment] docker_image, workdir, env, cpus, memory_mb (or 1.0's memory = "2G"), storage_mb,
-                  gpus (a node without them refuses the task), allow_internet / network_mode (no sample gets the
-                  internet: a task that asks for it is refused unless the batch runs it offline), healthcheck
+                  gpus (a node without them refuses the task), allow_internet / network_mode (`wants_internet`:
+                  its agent runs offline, its verifier behind the egress proxy, polar/sandbox/egress.py), healthcheck
                   (a shell line, or {command, timeout_sec}); artifacts (workdir paths, or {source, destination}, kept in
                   the sample folder);
                   [metadata] (carried into the trajectory table). `user` is accepted and mapped onto the

@@ -101,8 +101,9 @@ RUN_OFFLINE = "--run-offline"
 
 
 def refuse_online(tasks: Sequence[TaskSpec], run_offline: bool, where: Path | str) -> None:
-    """No sample gets the internet (docs/design.md §2): a task that asks for it (a Harbor task's allow_internet or
-    network_mode) is refused, unless the operator runs it without (`--run-offline`)."""
+    """A batch for the workers (docs/design.md §2): a task that asks for the internet (a Harbor task's
+    allow_internet or network_mode) is refused unless the operator runs it without (`--run-offline`); the nodes
+    have no verifier egress yet (`polar run` has: polar/sandbox/egress.py)."""
     asking = [t.task_id for t in tasks if t.wants_internet]
     if asking and not run_offline:
         named = ", ".join(asking[:5]) + (f" and {len(asking) - 5} more" if len(asking) > 5 else "")

@@ -177,7 +177,7 @@ class TaskSpec:
     workdir: str | None = None
     env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))  # the agent's sandbox variables
     storage_mb: int | None = None  # the agent's writable folders' quota (polar/sandbox/quota.py); None: the node's
-    wants_internet: bool = False  # the task asks for the internet, which no sample gets: refused unless allowed
+    wants_internet: bool = False  # its verifier gets the egress proxy (polar/sandbox/egress.py); the agent never
     healthcheck: str | None = None  # a shell line that must pass in the agent's sandbox before the agent starts
     healthcheck_timeout_s: float = HEALTHCHECK_TIMEOUT_S
     # (workspace path, name under artifacts/): copied into the sample folder after the run (polar/run/artifacts.py)

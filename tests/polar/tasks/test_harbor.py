@@ -5,10 +5,12 @@ fixtures/policies/harbor.yaml) in bubblewrap; a policy that looks for the tests 
 files are one line naming the file and the field."""
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import shutil
 import subprocess
+import threading
 import uuid
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -113,21 +115,113 @@ def test_every_harbor_key_is_read(tmp_path):
         assert load_tasks(task_copy(tmp_path / asks[:5], "write-hello", {"task.toml": toml}))[0].wants_internet
 
 
-def test_a_task_that_asks_for_the_internet_runs_only_offline_when_asked(tmp_path):
+def test_a_task_that_asks_for_the_internet_runs_its_agent_offline(tmp_path):
+    """Refused before issue 66 ("the internet, which no sample gets here"); now it runs: its solve.sh (the agent's
+    stage) offline, its verifier behind the egress proxy, or offline too with --run-offline."""
     toml = (HARBOR / "write-hello" / "task.toml").read_text().replace("cpus = 1", "cpus = 1\nallow_internet = true")
     task = task_copy(tmp_path, "write-hello", {"task.toml": toml})
-    done = polar("run", "--task", str(task), "--oracle", "--runtime", "bwrap", "--out", str(tmp_path / "o1"))
-    assert done.returncode == 2, done.stderr
-    assert done.stderr == ("polar run: task write-hello needs what this node lacks:\n  - the internet (allow_internet"
-                           " / network_mode), which no sample gets here: pass --run-offline to run it without\n")
-    done = polar("run", "--task", str(task), "--oracle", "--runtime", "bwrap", "--run-offline",
-                 "--out", str(tmp_path / "o2"))
+    for n, extra in enumerate(([], ["--run-offline"])):
+        done = polar("run", "--task", str(task), "--oracle", "--runtime", "bwrap", *extra,
+                     "--out", str(tmp_path / f"o{n}"))
+        assert done.returncode == 0 and "solve.sh exit 0, reward 1" in done.stdout, done.stdout + done.stderr
+    done = polar("run", "--task", str(task), "--oracle", "--verifier-hosts", "http://pypi.org",
+                 "--out", str(tmp_path / "o3"))
+    assert done.returncode == 2 and "verifier hosts: 'http://pypi.org' is not a host name" in done.stderr
+
+
+MIRROR_TEST = r"""#!/bin/bash
+# terminal-bench style: fetch a tool, install it system-wide, then test (the reward to /logs/verifier)
+cd /app || exit 1
+python3 - <<'PY' || { echo "could not install checker"; echo 0 > /logs/verifier/reward.txt; exit 0; }
+import os, urllib.request
+data = urllib.request.urlopen("http://mirror.polar.test/tools/checker", timeout=20).read()
+with open("/usr/local/bin/checker", "wb") as f:
+    f.write(data)
+os.chmod("/usr/local/bin/checker", 0o755)
+PY
+if checker && python3 -I -m pytest -q -p no:cacheprovider /tests/test_outputs.py; then
+  echo 1 > /logs/verifier/reward.txt
+else
+  echo 0 > /logs/verifier/reward.txt
+fi
+"""
+# The agent's stage tries the verifier's way out and the mirror itself: both must fail.
+MIRROR_SOLVE = r"""#!/bin/bash
+echo ready > /app/status.txt
+for url in http://127.0.0.1:3128 http://mirror.polar.test/tools/checker; do
+  python3 -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=5)' "$url" 2>/dev/null \
+    && echo "agent reached $url" || echo "agent offline for $url"
+done
+"""
+
+
+def mirror_task(root: Path) -> Path:
+    """A Harbor task that asks for the internet: its test.sh installs a tool from a package host into
+    /usr/local/bin (root, a writable root) before its tests run."""
+    task = root / "install-checker"
+    for rel, text in {"instruction.md": "Write ready into /app/status.txt.\n",
+                      "task.toml": 'version = "2.0"\n[environment]\nworkdir = "/app"\nallow_internet = true\n'
+                                   'docker_image = "polar-tasks:local"\n[verifier]\ntimeout_sec = 60.0\n',
+                      "solution/solve.sh": MIRROR_SOLVE, "tests/test.sh": MIRROR_TEST,
+                      "tests/test_outputs.py": "from pathlib import Path\n\n\ndef test_status():\n"
+                                               "    assert Path('/app/status.txt').read_text() == 'ready\\n'\n",
+                      "environment/workspace/.keep": ""}.items():
+        (task / rel).parent.mkdir(parents=True, exist_ok=True)
+        (task / rel).write_text(text)
+    return task
+
+
+def test_a_verifier_installs_from_an_allowed_host_and_the_agent_reaches_nothing(tmp_path):
+    """docker (root inside): the oracle's verifier fetches its tool through the egress proxy from an allowed
+    stand-in host and installs it under /usr/local/bin (reward 1, the request logged); with --run-offline the
+    same verifier cannot (reward 0, and Polar says its observer saw the tests pass); a host not on the list is
+    refused and logged. solve.sh, the agent's stand-in, reaches neither the proxy nor the host."""
+    require_engine()
+
+    class Checker(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = b"#!/bin/sh\ngrep -qx ready /app/status.txt\n" if self.path == "/tools/checker" else b""
+            self.send_response(200 if body else 404)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Checker)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    task = mirror_task(tmp_path / "tasks")
+    stand_in = f"mirror.polar.test=127.0.0.1:{server.server_address[1]}"
+    try:
+        runs = {label: (polar("run", "--task", str(task), "--oracle", "--runtime", "docker", *flags,
+                              "--out", str(tmp_path / label), timeout=600), tmp_path / label)
+                for label, flags in (("online", ["--verifier-hosts", stand_in]), ("offline", ["--run-offline"]),
+                                     ("elsewhere", ["--verifier-hosts", "pypi.org"]))}
+    finally:
+        server.shutdown()
+        server.server_close()
+    done, out = runs["online"]
     assert done.returncode == 0 and "solve.sh exit 0, reward 1" in done.stdout, done.stdout + done.stderr
+    assert [(e["host"], e["allowed"]) for e in map(json.loads, (out / "egress.jsonl").read_text().splitlines())] \
+        == [("mirror.polar.test", True)]
+    for label, (done, out) in runs.items():
+        agent = (out / "solve.stdout").read_text()
+        assert agent.count("agent offline for") == 2 and "reached" not in agent, (label, agent)
+    done, out = runs["offline"]
+    assert done.returncode == 1 and "reward 0" in done.stdout and not (out / "egress.jsonl").exists()
+    result = json.loads((out / "result.json").read_text())
+    assert "Polar's observer saw every test pass, but test.sh wrote 0" in result["evaluator_output"], result
+    done, out = runs["elsewhere"]
+    assert done.returncode == 1 and "reward 0" in done.stdout
+    assert [(e["host"], e["allowed"], e["why"]) for e in map(json.loads, (out / "egress.jsonl").read_text()
+                                                           .splitlines())] == [
+        ("mirror.polar.test", False, "not on the verifier's host list")]
 
 
 def test_the_first_message_names_everything_the_node_lacks_at_once(tmp_path, monkeypatch):
-    """A terminal-bench task on a bare node: the internet, a Docker Hub image and a GPU, each with its fix, in one
-    message (not four tries)."""
+    """A terminal-bench task on a bare node: a Docker Hub image and a GPU, each with its fix, in one message (not
+    several tries); its allow_internet is no lack (the verifier's egress proxy, the agent offline)."""
     require_engine()
     monkeypatch.delenv("POLAR_PULL", raising=False)
     monkeypatch.delenv("POLAR_IMAGE_MAP", raising=False)
@@ -138,8 +232,6 @@ def test_the_first_message_names_everything_the_node_lacks_at_once(tmp_path, mon
     assert done.returncode == 2 and not (tmp_path / "o").exists(), done.stderr
     assert done.stderr.splitlines() == [
         "polar run: task write-hello needs what this node lacks:",
-        "  - the internet (allow_internet / network_mode), which no sample gets here: pass --run-offline to run it "
-        "without",
         "  - 64 GPU(s) ([environment] gpus); this node has 0: run it on a GPU node",
         f"  - image {image} is not on this node: `podman pull docker.io/{image}` (or `load`) it here, set "
         "POLAR_PULL=missing to let samples pull it, or map it in POLAR_IMAGE_MAP (NAME=REF)"], done.stderr
