@@ -29,7 +29,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="output root on storage every node sees (the batch gets OUT/<batch_id>); default: the "
                         "POLAR_OUTPUT_ROOT the live nodes announce, else $POLAR_OUTPUT_ROOT or runs/batches")
     p.add_argument("--run-offline", action="store_true",
-                   help="run tasks that ask for the internet without it (no sample gets it)")
+                   help="tasks that ask for the internet run their verifiers offline too (otherwise each node's "
+                        "egress proxy, POLAR_VERIFIER_HOSTS; agents never get it)")
     p.add_argument("--max-staleness", type=int, help="mark trajectories whose calls span more weight versions")
     p.add_argument("--strategy", choices=["prefix_merge", "per_request"], default="prefix_merge",
                    help="trajectories per sample: one row per append-only chain (prefix_merge) or per LLM call")
@@ -113,12 +114,12 @@ def _checked(command):
 
 
 def submit(args: argparse.Namespace) -> int:
-    from polar.tasks.load import load_tasks, refuse_online
+    from polar.tasks.load import load_tasks
 
     try:  # the user's own inputs first, then the connection
         if not 1 <= args.group_size <= 999:
             raise ValueError(f"--group-size {args.group_size}: expected 1-999")
-        refuse_online(load_tasks(args.tasks, args.tasks_root), args.run_offline, args.tasks)
+        load_tasks(args.tasks, args.tasks_root)  # a malformed task file is said before any connection
         sampling = sampling_from_args(args)
     except (ValueError, OSError) as e:
         print(f"polar submit: {e}", file=sys.stderr)

@@ -74,12 +74,13 @@ class RedisTransport:
         `sampling`: some of temperature, top_p, top_k, max_tokens, seed, used for every LLM call of the batch
         whatever the agent's requests ask for (polar_mitm/sessions/sampling.py). `strategy`: prefix_merge (one row per
         append-only chain) or per_request (one row per LLM call). `tasks_root`: where the tasks' paths may lead
-        (polar/tasks/roots.py; recorded in the manifest, so every node holds the batch to it). `run_offline`: run
-        tasks that ask for the internet without it (refused otherwise: no sample gets it). `task_ids`: only these
+        (polar/tasks/roots.py; recorded in the manifest, so every node holds the batch to it). `run_offline`: the
+        verifiers of tasks that ask for the internet run without it too (otherwise each node gives them its egress
+        proxy, POLAR_VERIFIER_HOSTS; agents never get it). `task_ids`: only these
         tasks of the file, in this order (a trainer's step; KeyError naming an id the file does not hold)."""
         from polar.harness.adapters import load_adapter
         from polar.tasks.roots import tasks_roots
-        from polar.tasks.load import load_tasks, refuse_online
+        from polar.tasks.load import load_tasks
 
         tasks_file = Path(tasks).resolve()
         roots = tasks_roots(tasks_file, tasks_root)
@@ -89,7 +90,6 @@ class RedisTransport:
             if missing := [t for t in task_ids if t not in by_id]:
                 raise KeyError(f"{tasks_file}: no task {', '.join(map(repr, missing))}")
             specs = [by_id[t] for t in task_ids]
-        refuse_online(specs, run_offline, tasks_file)
         for name in {adapter} if adapter else {t.adapter for t in specs}:
             if not name:
                 raise ValueError(f"{tasks_file}: a task names no adapter; give one with adapter=/--adapter")
@@ -97,7 +97,7 @@ class RedisTransport:
         bid = batch_id or new_batch_id()
         manifest = plan(bid, Path(out).resolve() / bid, tasks_file, [t.task_id for t in specs], group_size,
                         adapter, min_groups, max_staleness, sampling, strategy)
-        manifest = dataclasses.replace(manifest, tasks_roots=tuple(str(r) for r in roots))
+        manifest = dataclasses.replace(manifest, tasks_roots=tuple(str(r) for r in roots), run_offline=run_offline)
         path = str(write_manifest(manifest))
         batches.create(self.redis, bid, path, [s.sample_id for s in manifest.samples], group_size,
                        len(manifest.groups), min_groups)

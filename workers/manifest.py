@@ -50,6 +50,7 @@ class Manifest:
     sampling: dict[str, Any] | None = None  # fixed for every LLM call of the batch (polar_mitm/sessions/sampling.py)
     strategy: str = "prefix_merge"  # how each sample's trajectories are built: prefix_merge | per_request
     tasks_roots: tuple[str, ...] | None = None  # where its tasks' paths may lead (polar/tasks/roots.py)
+    run_offline: bool = False  # verifiers of tasks that ask for the internet run offline (no egress proxy)
 
     @property
     def groups(self) -> list[str]:

@@ -77,7 +77,8 @@ def sample_config(manifest: Manifest, sample_id: str, settings: WorkerSettings, 
         raise ValueError(f"task {task.task_id}: no adapter (give one in the task or with --adapter)")
     return SampleConfig(task=task, adapter=load_adapter(adapter), out=out, sample_id=sample_id,
                         group_id=entry.group_id, runtime=settings.runtime, way_in=settings.way_in,
-                        sampling=manifest.sampling, strategy=manifest.strategy)
+                        sampling=manifest.sampling, strategy=manifest.strategy,
+                        verifier_hosts=None if manifest.run_offline else settings.verifier_hosts)
 
 
 def tasks_by_id(tasks_file: Path, roots: Sequence[str] | None) -> Mapping[str, Any]:

@@ -21,6 +21,8 @@
   POLAR_LIVENESS_S    a node silent this long is lost; its samples start over elsewhere   30
   POLAR_DRAIN_S       a draining node's running samples may finish within this; the rest are handed over   300
   POLAR_STATUS_S      how often a node prints a status line (0: never)   60
+  POLAR_VERIFIER_HOSTS  what the verifier of a task that asks for the internet may reach, through the egress
+                      proxy (polar/sandbox/egress.py): names, *.domain, host=target:port   package mirrors, PyPI, uv
 """
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ from pathlib import Path
 from typing import Mapping
 from urllib.parse import urlsplit, urlunsplit
 
+from polar.sandbox.egress import default_allowlist
 from polar.sandbox.runtime import RUNTIMES
 from polar_mitm.engines.backends import parse_backends
 from polar_traj.records import check_id
@@ -62,6 +65,7 @@ class WorkerSettings:
     status_s: float = 60.0
     proxies: int = 1
     render: str = "proxy"  # POLAR_RENDER
+    verifier_hosts: tuple[str, ...] = ()  # POLAR_VERIFIER_HOSTS (polar/sandbox/egress.py)
 
 
 def seconds(env: Mapping[str, str], name: str, default: float, zero: bool = False) -> float:
@@ -131,6 +135,10 @@ def load_settings(env: Mapping[str, str] | None = None) -> WorkerSettings:
     if int(proxies) > 1 and env.get("POLAR_PROXY"):
         raise ValueError("POLAR_PROXIES > 1 starts the node's own proxies; POLAR_PROXY names one running proxy: "
                          "give one or the other")
+    try:
+        verifier_hosts = default_allowlist(env).entries()
+    except ValueError as e:
+        raise ValueError(f"POLAR_VERIFIER_HOSTS: {e}") from e
     heartbeat_s, liveness_s = seconds(env, "POLAR_HEARTBEAT_S", 5.0), seconds(env, "POLAR_LIVENESS_S", 30.0)
     if liveness_s < 2 * heartbeat_s:  # one late beat must not make a node lost
         raise ValueError(f"POLAR_LIVENESS_S {liveness_s:g}: expected at least twice POLAR_HEARTBEAT_S ({heartbeat_s:g})")
@@ -153,4 +161,5 @@ def load_settings(env: Mapping[str, str] | None = None) -> WorkerSettings:
         status_s=seconds(env, "POLAR_STATUS_S", 60.0, zero=True),
         proxies=int(proxies),
         render=render,
+        verifier_hosts=verifier_hosts,
     )

@@ -97,20 +97,6 @@ def _load(path: Path, roots: Sequence[Path]) -> list[TaskSpec]:
     return tasks
 
 
-RUN_OFFLINE = "--run-offline"
-
-
-def refuse_online(tasks: Sequence[TaskSpec], run_offline: bool, where: Path | str) -> None:
-    """A batch for the workers (docs/design.md §2): a task that asks for the internet (a Harbor task's
-    allow_internet or network_mode) is refused unless the operator runs it without (`--run-offline`); the nodes
-    have no verifier egress yet (`polar run` has: polar/sandbox/egress.py)."""
-    asking = [t.task_id for t in tasks if t.wants_internet]
-    if asking and not run_offline:
-        named = ", ".join(asking[:5]) + (f" and {len(asking) - 5} more" if len(asking) > 5 else "")
-        raise TaskError(f"{where}: {named}: asks for the internet (allow_internet / network_mode), which no sample "
-                        f"gets here; pass {RUN_OFFLINE} to run it without")
-
-
 def select_task(tasks: list[TaskSpec], task_id: str | None, path: Path) -> TaskSpec:
     if task_id is None:
         if len(tasks) > 1:

@@ -20,6 +20,15 @@ def test_local_defaults():
     assert s.model_dir.name == "tiny-qwen2" and s.output_root.is_absolute()
 
 
+def test_the_verifiers_hosts_are_the_nodes_to_give():
+    """A node gives the verifier of a task that asks for the internet its own list (never the submitter's)."""
+    from polar.sandbox.egress import DEFAULT_HOSTS
+
+    assert load_settings({}).verifier_hosts == DEFAULT_HOSTS
+    assert load_settings({"POLAR_VERIFIER_HOSTS": "mirror.lan=127.0.0.1:3142, *.pypi.lan"}).verifier_hosts == (
+        "mirror.lan=127.0.0.1:3142", "*.pypi.lan")
+
+
 @pytest.mark.parametrize("broker, sessions", [
     ("redis://10.0.0.5:6380/3", "redis://10.0.0.5:6380/0"),
     ("redis+socket:///run/redis.sock?virtual_host=1", "unix:///run/redis.sock?db=0"),
@@ -35,6 +44,7 @@ def test_sessions_beside_the_broker(broker, sessions):
     ({"POLAR_INFRA_RETRIES": "two"}, "POLAR_INFRA_RETRIES"),
     ({"POLAR_NODE": "bad node"}, "POLAR_NODE"),
     ({"POLAR_ENGINE_URL": "http://10.0.0.2:30000"}, "POLAR_MODEL_DIR"),
+    ({"POLAR_VERIFIER_HOSTS": "https://pypi.org"}, "POLAR_VERIFIER_HOSTS"),
 ])
 def test_bad_settings_name_the_variable(env, message):
     with pytest.raises(ValueError, match=message):
