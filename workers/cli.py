@@ -129,7 +129,8 @@ def submit(args: argparse.Namespace) -> int:
         return 2
     try:
         client = _client(args)
-        out, where = output_root(args.out, client.nodes())
+        nodes = client.nodes()
+        out, where = output_root(args.out, nodes)
         batch = client.submit(args.tasks, args.group_size, args.min_groups, args.adapter, out,
                               args.max_staleness, sampling=sampling, strategy=args.strategy,
                               tasks_root=args.tasks_root, run_offline=args.run_offline)
@@ -138,6 +139,8 @@ def submit(args: argparse.Namespace) -> int:
         return 2
     print(f"batch {batch.batch_id}: {len(batch.manifest.samples)} samples in {len(batch.manifest.groups)} groups, "
           f"folder {batch.dir} ({where})")
+    if (idle := no_live_node(nodes, args.broker)) is not None:
+        print(f"polar submit: {idle}", file=sys.stderr)
     if not args.wait:
         return 0
     try:
@@ -150,6 +153,17 @@ def submit(args: argparse.Namespace) -> int:
         print(f"polar submit: {problem}", file=sys.stderr)
         return 1
     return 0 if p.status == "completed" else 1
+
+
+def no_live_node(nodes: list, broker: str) -> str | None:
+    """The line a batch submitted with no worker node alive gets (None when one is): it stays queued until one
+    starts, and --wait would wait out its timeout in silence."""
+    if any(n.state in ("alive", "draining") for n in nodes):
+        return None
+    lost = sorted(n.node for n in nodes if n.state == "lost")
+    return ("no worker node is alive on this broker" + (f" (lost: {', '.join(lost)})" if lost else "") +
+            f": the batch stays queued until one starts: `POLAR_BROKER={broker} celery -A workers worker` on a node "
+            "(`polar nodes` lists them)")
 
 
 def output_root(given: Path | None, nodes: list) -> tuple[Path, str]:

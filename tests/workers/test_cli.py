@@ -168,3 +168,26 @@ def test_submit_without_out_writes_where_the_nodes_do(tmp_path: Path, redis_base
     assert output_root(Path("/mine"), two) == (Path("/mine"), "--out")
     out, where = output_root(None, [])
     assert out == Path("runs/batches") and "give --out the nodes' POLAR_OUTPUT_ROOT" in where
+
+
+def test_a_batch_with_no_live_node_says_so(tmp_path: Path, redis_base: str, capsys):
+    """Queued, and one line says no node will take it until one starts (before: `queued` until the timeout)."""
+    from workers import batches, liveness
+
+    r = batches.connect(redis_base + "/9")
+    r.flushdb()
+    tasks = tmp_path / "tasks.yaml"
+    tasks.write_text(yaml.safe_dump({"tasks": [{"task_id": "a", "instruction": "x", "adapter": "pi", "image": "host",
+                                                "evaluator": {"command": "true"}, "submit": []}]}))
+    broker = ["--broker", redis_base + "/9", "--out", str(tmp_path / "out")]
+    assert main(["submit", str(tasks), "--group-size", "1", *broker]) == 0
+    done = capsys.readouterr()
+    assert done.err.strip() == (f"polar submit: no worker node is alive on this broker: the batch stays queued "
+                                f"until one starts: `POLAR_BROKER={redis_base}/9 celery -A workers worker` on a "
+                                "node (`polar nodes` lists them)")
+    main(["cancel", done.out.split()[1].rstrip(":"), "--broker", redis_base + "/9"])
+    liveness.beat(r, "w1", 30, {"state": "alive", "load": 0, "in_flight": [], "output_root": str(tmp_path)})
+    assert main(["submit", str(tasks), "--group-size", "1", *broker]) == 0
+    done = capsys.readouterr()
+    assert "no worker node" not in done.err
+    main(["cancel", done.out.split()[1].rstrip(":"), "--broker", redis_base + "/9"])
