@@ -59,7 +59,9 @@ def startup_line(settings: WorkerSettings, proxies: Sequence[ProxyProcess], queu
     except (ValueError, RuntimeError) as e:  # shown, not raised: the node may still serve tasks with an image
         runtime = f"{settings.runtime} ({e})"
     else:
-        runtime = runtime if settings.runtime == runtime else f"{settings.runtime} -> {runtime}"
+        # auto picks per task: what it gives a task without an image, and that a task's image picks its own
+        runtime = runtime if settings.runtime == runtime else \
+            f"{settings.runtime} ({runtime} for tasks without an image; docker or apptainer for a task's image)"
     described = "; ".join(
         f"proxy {p.host}:{p.proxy_port} (HTTPS_PROXY) and :{p.base_url_port} (base URL), "
         f"log {log or '(the running polar proxy logs where it was started)'}, captures {p.capture_dir}"

@@ -238,7 +238,15 @@ def summary(batch, p) -> str:
                          f"to {st.get('node')} ({st.get('stage')})")
     df = batch.trajectories()
     lines.append(f"  trajectories: {len(df)} rows in {batch.dir / 'trajectories'}")
-    for res in batch.results():
+    results = batch.results()
+    rewards: dict[str, list[float]] = {}
+    for res in results:
+        if res.get("reward") is not None:
+            rewards.setdefault(res.get("task_id") or "?", []).append(float(res["reward"]))
+    if rewards:  # as make demo prints it
+        lines.append("  reward mean per task: " + ", ".join(f"{task} {sum(r) / len(r):.2f} (n={len(r)})"
+                                                           for task, r in sorted(rewards.items())))
+    for res in results:
         if res.get("status") == "error" or res.get("failure") == "infrastructure":
             lines.append(f"  masked {res['sample_id']}: {res.get('failure')}: {res.get('reason')}")
     return "\n".join(lines)

@@ -4,7 +4,7 @@ private Redis, the reference server serving --model, one worker node, all stoppe
 running service (--broker and --engine). One line per step; OUT/steps.json after every step; `polar report OUT`
 draws the reward, importance ratio and staleness per step.
 
-    polar train --steps 20                                  # the built-in vowel task, the tiny model, 2-5 min
+    polar train --steps 20                                  # the built-in vowel task, the tiny model, 1-2 min
     polar train --tasks tasks.yaml --model DIR --adapter pi --steps 50 --group-size 8 --groups 4 --overlap
 """
 from __future__ import annotations

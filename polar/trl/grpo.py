@@ -239,8 +239,9 @@ def zero_signal(report: StepReport) -> str | None:
 
 
 def summarize(reports: list[StepReport], window: int = 5) -> dict[str, float]:
-    """Reward mean over the first and last `window` steps, fidelity, and where a step's time goes."""
-    k = min(window, len(reports))
+    """Reward mean over the first and last `window` steps (fewer in a short run, so the two never share a step),
+    fidelity, and where a step's time goes."""
+    k = min(window, max(1, len(reports) // 2))
 
     def mean(values: list[float]) -> float:
         return sum(values) / len(values) if values else math.nan

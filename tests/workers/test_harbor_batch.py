@@ -52,7 +52,8 @@ def submit(cluster: Cluster, tasks: Path) -> tuple[Any, str]:
 
 
 def test_a_folder_of_harbor_tasks_is_a_scored_table(cluster: Cluster) -> None:
-    batch, _printed = submit(cluster, HARBOR)
+    batch, printed = submit(cluster, HARBOR)
+    assert "reward mean per task: count-lines 1.00 (n=2), fix-mul 1.00 (n=2), write-hello 1.00 (n=2)" in printed
     results = batch.results()
     assert sorted(r["task_id"] for r in results) == ["count-lines"] * 2 + ["fix-mul"] * 2 + ["write-hello"] * 2
     for r in results:

@@ -157,7 +157,7 @@ def test_a_node_says_it_is_up_and_how_it_is(cluster: Cluster):
     assert "queues n1.postrun, n1.run, postrun, prepare;" in up
     assert f"log {cluster.root / 'nodes' / 'n1' / 'proxy.log'}" in up
     assert f"engines (sglang): {cluster.log.url} up (model {cluster.model.name});" in up
-    assert "runtime auto -> " in up
+    assert "runtime auto (bwrap for tasks without an image; docker or apptainer for a task's image)" in up
     wait_for(lambda: any(line.startswith("polar node n1: alive, ") and "samples held" in line
                          for line in log.read_text().splitlines()), 30, "a status line")
 

@@ -179,3 +179,18 @@ def test_calls_spanning_a_weight_update_are_weighed_and_masked_per_call(run, tin
         assert (ratio[b0:b1] - 1).abs().max() <= 1e-4  # sampled by the trainer's own weights
         assert (ratio[a0:a1] - 1).abs().max() > 1e-2  # one version stale: another policy
         assert torch.equal(w[a0:a1], ratio[a0:a1].clamp(max=1.0))
+
+
+def test_the_summary_windows_never_share_a_step():
+    """A 3-step run's first and last windows are one step each (before: five each, the whole run both times,
+    so "first 5 -> last 5" read 0.5 -> 0.5 on a run that went 0 -> 1)."""
+    from polar.trl.grpo import StepReport, summarize
+
+    def report(step: int, reward: float) -> StepReport:
+        return StepReport(step, "b", 4, reward, 0.0, 1.0, 1.0, [step], 1.0, 1.0, 0.0, {0: 4}, 0, 0, str(step),
+                          1.0, 0.5, 0.1)
+
+    s = summarize([report(0, 0.0), report(1, 0.5), report(2, 1.0)])
+    assert (s["window"], s["reward_first"], s["reward_last"]) == (1, 0.0, 1.0)
+    s = summarize([report(i, i / 11) for i in range(12)])
+    assert s["window"] == 5 and s["reward_first"] == sum(range(5)) / 5 / 11
