@@ -1,6 +1,7 @@
 """Why a run ended in error, from what it left in its folder: read by `polar run`'s summary and by the report."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 
@@ -23,7 +24,36 @@ def cause_lines(out: Path, files: list[Path], tail: int = 5) -> list[str]:
     if stderr:
         lines.append("harness stderr (last lines):")
         lines += [f"  {line[:300]}" for line in stderr]
+    lines += [host_file_hint(path) for path in unseen_host_files(stderr, out)]
     return lines
+
+
+HOST_PATH = re.compile(r"(/[\w.+@-]+(?:/[\w.+@-]+)+)")
+
+
+def unseen_host_files(stderr: list[str], out: Path) -> list[str]:
+    """Absolute paths the harness could not find that exist on this host, outside the sample's folder and the
+    system folders every sandbox has: a custom agent's script the sandbox never saw (it sees its image or a
+    minimal view of the host, the harness CLIs and its own folders)."""
+    found: list[str] = []
+    for line in stderr:
+        if "no such file" not in line.lower() and "not found" not in line.lower():
+            continue
+        for path in HOST_PATH.findall(line):
+            where = Path(path)
+            if path not in found and where.exists() and not where.is_relative_to(out) and \
+                    not any(where.is_relative_to(seen) for seen in SANDBOX_SEES):
+                found.append(path)
+    return found[:3]
+
+
+# What every sandbox sees of the host (or of its image) at the same paths: a missing file there is no host file
+SANDBOX_SEES = tuple(Path(p) for p in ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/etc", "/proc", "/dev"))
+
+
+def host_file_hint(path: str) -> str:
+    return (f"{path} is a file on this host, which the sandbox does not see: list it under the adapter's "
+            "`files:` (copied into the sandbox; adapters/README.md) or run with --runtime local (no isolation)")
 
 
 def _tail(path: Path, n: int) -> list[str]:

@@ -189,6 +189,26 @@ def test_the_cause_of_an_error_is_named(tmp_path):
     assert cause_lines(tmp_path / "nothing", []) == []
 
 
+def test_a_host_file_the_sandbox_does_not_see_is_named_with_its_fix(tmp_path):
+    """A custom agent's script on the host: `python3: can't open file …: No such file or directory` in the
+    sandbox; the causes name the file and the two ways in. A system path or the sample's own file is no hint."""
+    agent = tmp_path / "mine" / "agent.py"
+    agent.parent.mkdir()
+    agent.write_text("print('hi')\n")
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "workspace").mkdir()
+    (out / "workspace" / "x.txt").write_text("")
+    (out / "harness.stderr").write_text(
+        f"python3: can't open file '{agent}': [Errno 2] No such file or directory\n"
+        "/usr/bin/env: 'python': No such file or directory\n"
+        f"cat: {out / 'workspace' / 'x.txt'}: No such file or directory\n")
+    hints = [line for line in cause_lines(out, []) if "does not see" in line]
+    assert hints == [f"{agent} is a file on this host, which the sandbox does not see: list it under the adapter's "
+                     "`files:` (copied into the sandbox; adapters/README.md) or run with --runtime local (no "
+                     "isolation)"]
+
+
 def test_progress_counts_the_calls_and_tokens_so_far(tmp_path):
     from polar.run.cli import Progress
 
