@@ -159,14 +159,18 @@ class HttpTransport:
         signed callbacks (docs/api.md)."""
         from polar.tasks.load import load_tasks
 
-        specs = load_tasks(Path(tasks))
+        path = Path(tasks)
+        specs = load_tasks(path)
         names = {adapter} if adapter else {t.adapter for t in specs}
         if len(names) != 1 or None in names:
             raise ValueError(f"{tasks}: over HTTP one batch has one harness: give adapter= (tasks name {names})")
         body = {"harness": names.pop(), "group_size": group_size, "min_groups": min_groups,
                 "max_staleness": max_staleness, "sampling": sampling, "callback_url": callback_url,
-                "trajectory_strategy": strategy,
-                "tasks": [_task_fields(t) for t in specs]}
+                "trajectory_strategy": strategy}
+        if path.is_dir():  # a Harbor folder: the service reads it from the shared storage (under its tasks root)
+            body["harbor"] = str(path.resolve())
+        else:
+            body["tasks"] = [_task_fields(t) for t in specs]
         data = self.request("POST", "/api/tasks", json={k: v for k, v in body.items() if v is not None}).json()
         return HttpBatch(self, data["batch_id"], data.get("secret"))
 

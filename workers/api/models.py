@@ -53,6 +53,9 @@ class ShortTask(Body):
     sampling: dict[str, Any] | None = None
     callback_url: str | None = Field(None, pattern=r"^https?://")
     tasks: list[TaskFields] | None = None
+    # A Harbor task folder, or a folder of them, on the service's shared storage under its tasks root: submitted
+    # as `polar submit FOLDER` submits it (its own evaluator: tests/test.sh)
+    harbor: str | None = None
     task_id: str | None = None
     instruction: str | None = None
     evaluator: dict[str, Any] | None = None
@@ -122,6 +125,7 @@ class Submission:
     strategy: str = "prefix_merge"  # polar_traj's name
     extra: dict[str, Any] = field(default_factory=dict)  # recorded with the batch (GET shows it), not enforced
     size_field: str = "group_size"  # the body's field a too-large batch is blamed on
+    folder: Path | None = None  # a Harbor folder submitted as is (`tasks` then only names its tasks)
 
     @property
     def samples(self) -> int:
@@ -178,6 +182,10 @@ def _entry(fields: dict[str, Any], root: Path) -> dict[str, Any]:
 def from_short(body: ShortTask, root: Path) -> Submission:
     single = {k: getattr(body, k) for k in ("task_id", "instruction", "evaluator", "workspace", "image", "timeout_s",
                                             "metadata", "tests", "protected", "submit")}
+    if body.harbor is not None:
+        if body.tasks is not None or any(v is not None for v in single.values()):
+            raise BadRequest("harbor", "give a Harbor folder, tasks, or one task's fields: one of them")
+        return _from_harbor(body, root)
     if body.tasks is not None:
         if any(v is not None for v in single.values()):
             raise BadRequest("tasks", "give either tasks or one task's fields (task_id, instruction, …), not both")
@@ -196,6 +204,27 @@ def from_short(body: ShortTask, root: Path) -> Submission:
     return Submission(tasks, body.group_size, _harness(body.harness, "harness"), body.min_groups,
                       body.max_staleness, body.sampling, body.callback_url, strategy,
                       {"runtime": body.runtime, "trajectory_strategy": strategy})
+
+
+def _from_harbor(body: ShortTask, root: Path) -> Submission:
+    """A Harbor folder under the tasks root, read here so a bad one is a 422 naming `harbor`."""
+    from polar.tasks.load import load_tasks
+    from polar.tasks.task import TaskError
+
+    folder = (root / body.harbor).resolve()  # an absolute value stays itself
+    if not inside(folder, (root,)):
+        raise BadRequest("harbor", f"{body.harbor!r} is outside the service's tasks root {root}")
+    if not folder.is_dir():
+        raise BadRequest("harbor", f"{body.harbor!r}: no such folder under the tasks root {root}")
+    try:
+        specs = load_tasks(folder, [str(root)])
+    except (TaskError, ValueError, OSError) as e:
+        raise BadRequest("harbor", str(e)) from e
+    strategy = _strategy(body.trajectory_strategy)
+    return Submission([{"task_id": t.task_id} for t in specs], body.group_size, _harness(body.harness, "harness"),
+                      body.min_groups, body.max_staleness, body.sampling, body.callback_url, strategy,
+                      {"runtime": body.runtime, "trajectory_strategy": strategy, "harbor": str(folder)},
+                      folder=folder)
 
 
 def from_task_request(body: TaskRequest, root: Path) -> Submission:

@@ -58,8 +58,11 @@ class Service:
         batch_id = new_batch_id()
         folder = self.config.out / batch_id
         folder.mkdir(parents=True)
-        tasks_file = folder / "tasks.jsonl"
-        tasks_file.write_text("".join(json.dumps(t) + "\n" for t in sub.tasks))
+        if sub.folder is not None:  # a Harbor folder, as polar submit takes it
+            tasks_file = sub.folder
+        else:
+            tasks_file = folder / "tasks.jsonl"
+            tasks_file.write_text("".join(json.dumps(t) + "\n" for t in sub.tasks))
         secret = secrets.token_hex(32)
         # Before the batch exists, so the finisher knows where to call back whenever its first sample ends.
         self.r.hset(API_PREFIX + batch_id, mapping={"secret": secret, "callback_url": sub.callback_url or "",
@@ -70,7 +73,8 @@ class Service:
                                sub.max_staleness, batch_id, sub.sampling, sub.strategy, self.config.tasks_root)
         except ValueError as e:  # nothing was queued: leave nothing behind
             self.r.delete(API_PREFIX + batch_id)
-            tasks_file.unlink()
+            if sub.folder is None:
+                tasks_file.unlink()
             if not any(folder.iterdir()):
                 folder.rmdir()
             raise BadRequest(_field_of(str(e)), _problem_of(str(e))) from e

@@ -309,6 +309,24 @@ def test_http_client_matches_the_redis_client(api: Api, tmp_path: Path):
     assert int(next(l for l in text.splitlines() if l.startswith("polar_llm_calls_total")).split()[1]) > 0
 
 
+def test_a_harbor_folder_over_http(api: Api):
+    """`PolarClient(url).submit(FOLDER)` of a Harbor folder (before: 422 `evaluator.python: expected
+    module:function, got None`, a field the user never wrote): the service runs the folder as polar submit does,
+    each sample scored by the task's own test.sh (this engine's policy does not solve them: reward 0)."""
+    folder = api.root / "harbor"  # under the service's tasks root
+    shutil.copytree(ROOT / "fixtures" / "harbor", folder, dirs_exist_ok=True)
+    client = PolarClient(api.url, token=TOKEN)
+    batch = client.submit(folder, group_size=1, adapter="pi")
+    p = batch.wait(timeout=600)
+    assert p.finished and p.done == 3, p.line()
+    results = batch.results()
+    assert sorted(r["task_id"] for r in results) == ["count-lines", "fix-mul", "write-hello"]
+    assert all(r["status"] == "completed" and r["reward"] is not None for r in results), results
+    with api.http() as c:  # a folder outside the tasks root is refused, naming the field
+        refused = c.post("/api/tasks", json={"harness": "pi", "harbor": str(ROOT / "fixtures" / "harbor")})
+    assert refused.status_code == 422 and "harbor" in refused.text and "outside" in refused.text, refused.text
+
+
 def test_dashboard_in_headless_chromium(api: Api, tmp_path: Path):
     """The page, opened before the batch moves, shows its progress from 0 to done from /events alone, and lists the
     newest batch's samples; a batch cancelled before it ran has no green bar. It is served by a second `polar api`

@@ -54,6 +54,22 @@ def test_short_form_with_tasks(tmp_path: Path):
     assert sub.samples == 4 and [t["task_id"] for t in sub.tasks] == ["a", "b"] and sub.adapter == "codex"
 
 
+def test_a_harbor_folder_under_the_tasks_root(tmp_path: Path):
+    import shutil
+
+    root = tmp_path / "root"
+    shutil.copytree(Path(__file__).resolve().parents[3] / "fixtures" / "harbor", root / "harbor")
+    sub = from_short(ShortTask(harness="pi", harbor="harbor", group_size=2), root)
+    assert (sub.folder, sub.samples, sub.adapter) == (root / "harbor", 6, "pi")
+    assert sorted(t["task_id"] for t in sub.tasks) == ["count-lines", "fix-mul", "write-hello"]
+    for body, why in ((ShortTask(harness="pi", harbor=str(tmp_path)), "outside the service's tasks root"),
+                      (ShortTask(harness="pi", harbor="missing"), "no such folder"),
+                      (ShortTask(harness="pi", harbor="harbor", task_id="t"), "one of them")):
+        with pytest.raises(BadRequest, match=why) as e:
+            from_short(body, root)
+        assert e.value.field == "harbor"
+
+
 def test_signature():
     body = b'{"event": "sample"}'
     header = signature("s3cret", "1000", "b1", body)
