@@ -131,13 +131,22 @@ class Dispatcher:
             self._build_for_engine(call)
             return
         key = (call.session.task_id, call.session.session_id)
-        check_fits(model, call.conv)
-        history = self.histories.get(key)
-        prompt = history.build_prompt(call.conv, model.renderer)
-        room = model.context_length - len(prompt.ids)
-        if room <= 0:  # the record keeps no prompt ids: nothing was sampled from them
-            raise ProviderError(400, f"prompt is {len(prompt.ids)} tokens; the model's context is "
-                                     f"{model.context_length} tokens", "context_length_exceeded")
+        try:
+            check_fits(model, call.conv)
+            history = self.histories.get(key)
+            prompt = history.build_prompt(call.conv, model.renderer)
+            room = model.context_length - len(prompt.ids)
+            if room <= 0:  # the record keeps no prompt ids: nothing was sampled from them
+                raise ProviderError(400, f"prompt is {len(prompt.ids)} tokens; the model's context is "
+                                         f"{model.context_length} tokens", "context_length_exceeded")
+        except ProviderError as e:
+            # An engine that never answered never said its context either: the one checked is the model config's
+            # guess, and the cause to report is the engine (a Codex run said "context" with the engine down).
+            if e.kind == "context_length_exceeded" and (why := self.engines.pool.unreachable()) is not None:
+                raise ProviderError(503, f"polar: the inference engine is unreachable: {why} (and {e.message}, a "
+                                         "context from the model's config: the engine never said its own)",
+                                    "overloaded_error") from e
+            raise
         call.prompt = prompt
         sampling, overridden = apply_fixed(call.conv.sampling, call.session.sampling)
         max_new = min(sampling.max_tokens or options.max_tokens, room)

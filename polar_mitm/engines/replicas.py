@@ -95,6 +95,13 @@ class EnginePool:
         if not replica.up or not replica.seen:
             self.mark_up(replica)
 
+    def unreachable(self) -> str | None:
+        """Why no engine can answer (each replica and its probe's complaint) when none has ever answered and every
+        one is down or failing its probes; None otherwise."""
+        if any(r.seen for r in self.replicas) or not all(not r.up or r.waiting for r in self.replicas):
+            return None
+        return "; ".join(f"{r.url} ({r.why_down or r.waiting})" for r in self.replicas)
+
     def any_up(self, exclude: frozenset[str] = frozenset()) -> bool:
         return any(r.up and r.url not in exclude for r in self.replicas)
 

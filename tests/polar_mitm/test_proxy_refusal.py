@@ -139,3 +139,18 @@ def test_vllm_engine_mode_records_the_engines_tokens(tmp_path, reference_server,
         assert plain["output_logprobs"] == pytest.approx(direct["logprobs"]["token_logprobs"], abs=1e-6)
     finally:
         stop(proc)
+
+
+def test_a_long_prompt_with_the_engine_down_names_the_engine(tmp_path, tiny_model_dir):
+    """No engine ever answered, so none said its context: a prompt past the model config's 4096 tokens is the
+    engine's failure, not a context error (a Codex run against a stopped engine reported "prompt is 17550
+    tokens; the model's context is 4096 tokens" and sent the user to --context-length)."""
+    from polar_mitm.launch import free_port, proxy_process
+
+    dead = f"http://127.0.0.1:{free_port()}"
+    with proxy_process(tmp_path, dead, tiny_model_dir) as proxy:
+        r = httpx.post(proxy.base_url + "/v1/chat/completions", headers={"authorization": "Bearer down"},
+                       json={"model": "tiny", "messages": [{"role": "user", "content": "word " * 6000}]}, timeout=60)
+    error = r.json()["error"]
+    assert r.status_code == 503 and error["message"].startswith(f"polar: the inference engine is unreachable: {dead}")
+    assert "the model's context is 4096 tokens" in error["message"], error
