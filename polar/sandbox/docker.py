@@ -399,9 +399,12 @@ class DockerSandbox:
             if proc.wait(60) != 0 or size == 0:
                 return None if size == 0 else "the image's home could not be read (no tar in the image?)"
             tar_file.seek(0)
-            with tarfile.open(fileobj=tar_file) as tar:
-                keep = [m for m in tar.getmembers() if not (self.mounts.home / m.name).exists()]
-                tar.extractall(self.mounts.home, members=keep, filter="data")
+            try:  # the image's files are the task's data: the `data` filter keeps them inside HOME, plain
+                with tarfile.open(fileobj=tar_file) as tar:
+                    keep = [m for m in tar.getmembers() if not (self.mounts.home / m.name).exists()]
+                    tar.extractall(self.mounts.home, members=keep, filter="data")
+            except (tarfile.TarError, OSError) as e:
+                return f"the image's home was not copied into the sample's HOME: {e}"
         return None
 
     def exec(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path, timeout_s: float,
