@@ -7,36 +7,47 @@ import http.server
 import json
 import socket
 import threading
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import pytest
 
 from polar.sandbox.egress import DEFAULT_HOSTS, EgressError, EgressProxy, parse_hosts
 
 
-@pytest.fixture
-def mirror() -> Iterator[tuple[int, list[str]]]:
-    """A stand-in package mirror on 127.0.0.1: (its port, the paths it was asked for)."""
+@contextmanager
+def stand_in_host(answer: Callable[[str, str], bytes | None]) -> Iterator[tuple[int, list[str]]]:
+    """An HTTP host on 127.0.0.1 answering GET PATH with answer(path, Host header) (None: 404): (its port, the
+    paths it was asked for)."""
     asked: list[str] = []
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             asked.append(self.path)
-            body = f"package at {self.path} for {self.headers['Host']}\n".encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
+            body = answer(self.path, self.headers["Host"])
+            self.send_response(404 if body is None else 200)
+            self.send_header("Content-Length", str(len(body or b"")))
             self.end_headers()
-            self.wfile.write(body)
+            self.wfile.write(body or b"")
 
         def log_message(self, *args: object) -> None:
             pass
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield server.server_address[1], asked
-    server.shutdown()
-    server.server_close()
+    try:
+        yield server.server_address[1], asked
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture
+def mirror() -> Iterator[tuple[int, list[str]]]:
+    """A stand-in package mirror: (its port, the paths it was asked for)."""
+    with stand_in_host(lambda path, host: f"package at {path} for {host}\n".encode()) as served:
+        yield served
 
 
 def ask(sock_path: Path, request: bytes) -> bytes:

@@ -5,12 +5,10 @@ fixtures/policies/harbor.yaml) in bubblewrap; a policy that looks for the tests 
 files are one line naming the file and the field."""
 from __future__ import annotations
 
-import http.server
 import json
 import os
 import shutil
 import subprocess
-import threading
 import uuid
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -27,6 +25,7 @@ from polar.tasks.load import load_tasks
 from polar.tasks.task import TaskError
 from polar_traj import read as read_trajectories
 from tests.polar.sandbox.test_docker import require_engine
+from tests.polar.sandbox.test_egress import stand_in_host
 
 ROOT = Path(__file__).resolve().parents[3]
 HARBOR = ROOT / "fixtures" / "harbor"
@@ -177,30 +176,14 @@ def test_a_verifier_installs_from_an_allowed_host_and_the_agent_reaches_nothing(
     same verifier cannot (reward 0, and Polar says its observer saw the tests pass); a host not on the list is
     refused and logged. solve.sh, the agent's stand-in, reaches neither the proxy nor the host."""
     require_engine()
-
-    class Checker(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            body = b"#!/bin/sh\ngrep -qx ready /app/status.txt\n" if self.path == "/tools/checker" else b""
-            self.send_response(200 if body else 404)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Checker)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    checker = b"#!/bin/sh\ngrep -qx ready /app/status.txt\n"
     task = mirror_task(tmp_path / "tasks")
-    stand_in = f"mirror.polar.test=127.0.0.1:{server.server_address[1]}"
-    try:
+    with stand_in_host(lambda path, _host: checker if path == "/tools/checker" else None) as (port, _asked):
+        stand_in = f"mirror.polar.test=127.0.0.1:{port}"
         runs = {label: (polar("run", "--task", str(task), "--oracle", "--runtime", "docker", *flags,
                               "--out", str(tmp_path / label), timeout=600), tmp_path / label)
                 for label, flags in (("online", ["--verifier-hosts", stand_in]), ("offline", ["--run-offline"]),
                                      ("elsewhere", ["--verifier-hosts", "pypi.org"]))}
-    finally:
-        server.shutdown()
-        server.server_close()
     done, out = runs["online"]
     assert done.returncode == 0 and "solve.sh exit 0, reward 1" in done.stdout, done.stdout + done.stderr
     assert [(e["host"], e["allowed"]) for e in map(json.loads, (out / "egress.jsonl").read_text().splitlines())] \
