@@ -210,7 +210,8 @@ class Dispatcher:
             raise ProviderError(502, f"polar: {e}", "api_error") from e
         calls.finish_events(call)
         completion = calls.completion_of(call, self.model.stop_ids)
-        body = CODECS[call.route.api].render_response(completion)
+        codec = CODECS[call.route.api]
+        body = codec.render_response(completion, **codec.encoder_options(call.request_body))
         await self.settle(call, completion, body, None)
         return json_response(200, body)
 

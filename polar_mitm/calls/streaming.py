@@ -61,7 +61,8 @@ class StreamTranslator:
             if self.error and "truncated" not in self.call.flags:
                 self.call.flags.append("truncated")
             completion = completion_of(self.call, self.model.stop_ids)
-            body = CODECS[self.call.route.api].render_response(completion)
+            codec = CODECS[self.call.route.api]
+            body = codec.render_response(completion, **codec.encoder_options(self.call.request_body))
             await self.settle(self.call, completion, body, self.error)
         except Exception as e:  # a parser, encoder or capture failure still ends in a record and an error event
             if not isinstance(e, CaptureError):

@@ -4,7 +4,7 @@ speaks (routes.py) and mitmproxy answers in a provider's own shape (responses.py
     API: str
     parse_request(body: dict, path: str) -> Conversation            # raises ProviderError(400, …)
     encoder_options(body: dict) -> dict                              # extra StreamEncoder kwargs
-    render_response(completion: Completion) -> dict
+    render_response(completion: Completion, **encoder_options(body)) -> dict
     StreamEncoder(completion_id, model, *, prompt_tokens=0, **encoder_options(body))
         .start() -> bytes, .feed(event) -> bytes, .finish(completion) -> bytes, .fail(err) -> bytes
     render_error(err: ProviderError) -> dict

@@ -2,13 +2,15 @@
 
 Output items, in order: `reasoning` (full text in one `summary_text` part, and in
 `encrypted_content` so it survives when a harness re-sends only the artefact), `message`
-(one `output_text` part; present whenever there is text or no tool call), `function_call`s.
+(one `output_text` part; present whenever there is text or no tool call), `function_call`s, or
+`custom_tool_call`s for the request's custom tools (their `input` is the call's `input` argument).
 A reply cut at max tokens has status `incomplete` with `incomplete_details.reason =
 max_output_tokens`; the stream still ends with `response.completed` (codex treats any other
 ending as a dropped stream and retries).
 """
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from polar_mitm.conversation import (
@@ -47,6 +49,21 @@ def call_item(iid: str, call: ToolCall, status: str = "completed", arguments: st
             "status": status}
 
 
+def custom_input(call: ToolCall) -> str:
+    """A custom tool's raw input: the `input` string the model gave it (offered as a function of one string),
+    else its arguments as written."""
+    try:
+        args = json.loads(call.arguments)
+    except ValueError:
+        return call.arguments
+    return args["input"] if isinstance(args, dict) and isinstance(args.get("input"), str) else call.arguments
+
+
+def custom_item(iid: str, call: ToolCall, status: str = "completed", text: str | None = None) -> dict[str, Any]:
+    return {"id": iid, "type": "custom_tool_call", "call_id": call.id, "name": call.name,
+            "input": custom_input(call) if text is None else text, "status": status}
+
+
 def usage(c: Completion) -> dict[str, Any]:
     return {
         "input_tokens": c.prompt_tokens,
@@ -78,7 +95,7 @@ def _final_fields(c: Completion) -> dict[str, Any]:
     }
 
 
-def render_response(completion: Completion) -> dict[str, Any]:
+def render_response(completion: Completion, custom_tools: frozenset[str] = frozenset()) -> dict[str, Any]:
     c = completion
     output: list[dict[str, Any]] = []
     if c.reasoning:
@@ -86,7 +103,10 @@ def render_response(completion: Completion) -> dict[str, Any]:
     if c.content or not c.tool_calls:
         output.append(message_item(item_id("msg", c.id, len(output)), c.content))
     for call in c.tool_calls:
-        output.append(call_item(item_id("fc", c.id, len(output)), call))
+        if call.name in custom_tools:
+            output.append(custom_item(item_id("ctc", c.id, len(output)), call))
+        else:
+            output.append(call_item(item_id("fc", c.id, len(output)), call))
     final = _final_fields(c)
     return response_object(c.id, c.model, now(), output, **final)
 
@@ -103,7 +123,9 @@ def _failure_code(err: ProviderError) -> str:
 class StreamEncoder:
     """Responses SSE: created, in_progress, per item added/deltas/done, completed; `event:` lines included."""
 
-    def __init__(self, completion_id: str, model: str, *, prompt_tokens: int = 0) -> None:
+    def __init__(self, completion_id: str, model: str, *, prompt_tokens: int = 0,
+                 custom_tools: frozenset[str] = frozenset()) -> None:
+        self._custom = custom_tools
         self._id = completion_id
         self._model = model
         self._created = now()
@@ -175,6 +197,8 @@ class StreamEncoder:
                                  delta=text, logprobs=[])
 
     def _call(self, call: ToolCall) -> bytes:
+        if call.name in self._custom:
+            return self._custom_call(call)
         out = self._close_item()
         where = self._where("fc")
         index, iid = where["output_index"], where["item_id"]
@@ -187,6 +211,20 @@ class StreamEncoder:
                 + self._event("response.function_call_arguments.delta", **where, delta=call.arguments)
                 + self._event("response.function_call_arguments.done", **where, name=call.name,
                               arguments=call.arguments)
+                + self._event("response.output_item.done", output_index=index, item=done))
+
+    def _custom_call(self, call: ToolCall) -> bytes:
+        out = self._close_item()
+        where = self._where("ctc")
+        index, iid = where["output_index"], where["item_id"]
+        self._calls += 1
+        done = custom_item(iid, call)
+        self._output.append(done)
+        return (out
+                + self._event("response.output_item.added", output_index=index,
+                              item=custom_item(iid, call, "in_progress", ""))
+                + self._event("response.custom_tool_call_input.delta", **where, delta=done["input"])
+                + self._event("response.custom_tool_call_input.done", **where, input=done["input"])
                 + self._event("response.output_item.done", output_index=index, item=done))
 
     def feed(self, event: ReplyEvent) -> bytes:

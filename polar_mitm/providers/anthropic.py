@@ -183,7 +183,7 @@ def _tool_use(call: ToolCall) -> dict[str, Any]:
     return {"type": "tool_use", "id": call.id, "name": call.name, "input": call.args()}
 
 
-def render_response(completion: Completion) -> dict[str, Any]:
+def render_response(completion: Completion, **_options: Any) -> dict[str, Any]:
     c = completion
     blocks: list[dict[str, Any]] = []
     if c.reasoning:

@@ -267,7 +267,7 @@ def _envelope(parts: list[dict[str, Any]], completion_id: str, model: str, **ext
     return {"candidates": [candidate], **extra, "modelVersion": model, "responseId": completion_id}
 
 
-def render_response(completion: Completion) -> dict[str, Any]:
+def render_response(completion: Completion, **_options: Any) -> dict[str, Any]:
     c = completion
     parts: list[dict[str, Any]] = []
     if c.reasoning:

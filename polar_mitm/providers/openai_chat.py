@@ -154,7 +154,7 @@ def _tool_call_json(call: ToolCall) -> dict[str, Any]:
     return {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
 
 
-def render_response(completion: Completion) -> dict[str, Any]:
+def render_response(completion: Completion, **_options: Any) -> dict[str, Any]:
     c = completion
     message: dict[str, Any] = {"role": "assistant", "content": c.content if c.content or not c.tool_calls else None}
     if c.reasoning:

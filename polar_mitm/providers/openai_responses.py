@@ -5,16 +5,20 @@ consecutive assistant-side items (`reasoning`, assistant `message`, `function_ca
 assistant turn; `function_call_output` items are tool results. A `reasoning` item's text is read
 from the `encrypted_content` Polar made (see `_common.encode_reasoning`), else from its
 `content` (reasoning_text), else from its `summary`. `custom_tool_call` items become calls with
-arguments `{"input": …}`. Only `function` tools are offered to the model; other tool types are
-dropped. `previous_response_id` is refused (Polar keeps no server state). Image/file/audio parts
-become a text placeholder.
+arguments `{"input": …}`. Tools offered to the model: `function` tools; free-form `custom` tools (their
+input is raw text, such as codex's `exec` and `apply_patch`) as a function of one string argument `input`,
+their grammar in its description; the tools of a `namespace`, and of an `additional_tools` input item (codex
+0.171's default model sends its tools there, namespaced). Built-in tool types (web_search, …) are dropped.
+A reply calling a custom tool goes back as a `custom_tool_call` item with that input (`encoder_options`
+names them). `previous_response_id` is refused (Polar keeps no server state). Image/file/audio parts become
+a text placeholder.
 Response and SSE: see `_responses_out` (re-exported here).
 """
 from __future__ import annotations
 
 from typing import Any
 
-from polar_mitm.conversation import Conversation, Message, Sampling, Tool, ToolCall
+from polar_mitm.conversation import Conversation, Message, ProviderError, Sampling, Tool, ToolCall
 from polar_mitm.providers._common import (
     Transcript,
     assistant,
@@ -51,8 +55,7 @@ def parse_request(body: dict[str, Any], path: str = "/v1/responses") -> Conversa
                   "send the whole conversation in input")
     transcript = Transcript()
     transcript.add_system(opt_str(body, "instructions", "request") or "")
-    raw = body.get("input")
-    items = [{"role": "user", "content": raw}] if isinstance(raw, str) else expect_list(raw, "input")
+    items = _input_items(body)
     if not items:
         raise bad("input must not be empty")
     _add_items(transcript, items)
@@ -60,7 +63,7 @@ def parse_request(body: dict[str, Any], path: str = "/v1/responses") -> Conversa
         api=API,
         model=model,
         messages=transcript.build(),
-        tools=_tools(body.get("tools")),
+        tools=tuple(tool for tool, _custom in _offered(body)),
         sampling=Sampling(
             max_tokens=opt_int(body, "max_output_tokens", "request"),
             temperature=opt_float(body, "temperature", "request"),
@@ -73,8 +76,18 @@ def parse_request(body: dict[str, Any], path: str = "/v1/responses") -> Conversa
 
 
 def encoder_options(body: dict[str, Any]) -> dict[str, Any]:
-    """Extra StreamEncoder keyword arguments this request asks for (none for Responses)."""
-    return {}
+    """Extra StreamEncoder (and render_response) keyword arguments: the custom tools this request offers, whose
+    calls go back as custom_tool_call items."""
+    try:
+        custom = frozenset(tool.name for tool, is_custom in _offered(body) if is_custom)
+    except ProviderError:  # a body parse_request refused never gets a reply
+        custom = frozenset()
+    return {"custom_tools": custom} if custom else {}
+
+
+def _input_items(body: dict[str, Any]) -> list[Any]:
+    raw = body.get("input")
+    return [{"role": "user", "content": raw}] if isinstance(raw, str) else expect_list(raw, "input")
 
 
 class _Turn:
@@ -107,6 +120,8 @@ def _add_items(transcript: Transcript, items: list[Any]) -> None:
         elif kind == "custom_tool_call":
             arguments = dump_arguments({"input": opt_str(item, "input", where) or ""})
             turn.calls.append(ToolCall(req_str(item, "call_id", where), req_str(item, "name", where), arguments))
+        elif kind == "additional_tools":
+            continue  # tools, not a turn: offered with the body's (_offered)
         else:
             turn.flush(transcript)
             _add_input(transcript, item, kind, where)
@@ -120,7 +135,8 @@ def _add_input(transcript: Transcript, item: dict[str, Any], kind: str, where: s
         transcript.add(Message("tool", output, tool_call_id=call_id, name=transcript.name_for(call_id)))
         return
     if kind != "message":
-        raise bad(f"{where}: input item type {kind!r} is not supported")
+        raise bad(f"{where}: input item type {kind!r} is not supported (Polar reads message, reasoning, "
+                  "function_call, custom_tool_call, their outputs, and additional_tools)")
     role = req_str(item, "role", where)
     text = join_text(item.get("content"), f"{where}.content", _TEXT, _MEDIA)
     if role in ("system", "developer"):
@@ -142,14 +158,39 @@ def _reasoning_text(item: dict[str, Any], where: str) -> str:
     return ""
 
 
-def _tools(tools: Any) -> tuple[Tool, ...]:
-    """`function` tools; built-in and custom tool types are not offered to the model (dropped)."""
-    out: list[Tool] = []
-    for i, tool in enumerate(expect_list(tools or [], "tools")):
-        tool = expect_dict(tool, f"tools[{i}]")
-        if tool.get("type") != "function":
-            continue
-        params = expect_dict(tool.get("parameters") or {}, f"tools[{i}].parameters")
-        description = opt_str(tool, "description", f"tools[{i}]") or ""
-        out.append(Tool(req_str(tool, "name", f"tools[{i}]"), description, params))
-    return tuple(out)
+def _offered(body: dict[str, Any]) -> list[tuple[Tool, bool]]:
+    """(tool, whether it is custom) for each tool the model is offered: the body's `tools`, then those of each
+    `additional_tools` input item, namespaces opened, built-in types dropped."""
+    found = _tools(body.get("tools"), "tools")
+    raw = body.get("input")
+    for i, item in enumerate(raw if isinstance(raw, list) else []):
+        if isinstance(item, dict) and item.get("type") == "additional_tools":
+            found += _tools(item.get("tools"), f"input[{i}].tools")
+    return found
+
+
+def _tools(tools: Any, where: str) -> list[tuple[Tool, bool]]:
+    out: list[tuple[Tool, bool]] = []
+    for i, tool in enumerate(expect_list(tools or [], where)):
+        at = f"{where}[{i}]"
+        tool = expect_dict(tool, at)
+        kind = tool.get("type")
+        if kind == "namespace":
+            out += _tools(tool.get("tools"), f"{at}.tools")
+        elif kind == "function":
+            params = expect_dict(tool.get("parameters") or {}, f"{at}.parameters")
+            out.append((Tool(req_str(tool, "name", at), opt_str(tool, "description", at) or "", params), False))
+        elif kind == "custom":
+            out.append((_custom_tool(tool, at), True))
+    return out
+
+
+def _custom_tool(tool: dict[str, Any], where: str) -> Tool:
+    """A free-form tool as a function of one string: its input, raw text in the format it names."""
+    description = opt_str(tool, "description", where) or ""
+    fmt = tool.get("format")
+    if isinstance(fmt, dict) and fmt.get("type") == "grammar" and isinstance(fmt.get("definition"), str):
+        description += f"\n\nThe input follows this {fmt.get('syntax') or 'grammar'} grammar:\n{fmt['definition']}"
+    params = {"type": "object", "properties": {"input": {"type": "string", "description": "the raw input text"}},
+              "required": ["input"]}
+    return Tool(req_str(tool, "name", where), description.strip(), params)

@@ -28,6 +28,7 @@ from polar_mitm.conversation import (
     ReasoningDelta,
     Sampling,
     ToolCall,
+    ToolCallDone,
 )
 from polar_mitm.providers import openai_responses as responses
 
@@ -49,7 +50,9 @@ def test_codex_request():
     )
     assert result.role == "tool" and (result.tool_call_id, result.name) == ("call_Ab12Cd34", "shell")
     assert json.loads(result.content)["metadata"]["exit_code"] == 1
-    assert [t.name for t in conv.tools] == ["shell", "update_plan"]  # custom apply_patch and web_search dropped
+    # custom apply_patch offered as a function of one string (its grammar in the description); web_search dropped
+    assert [t.name for t in conv.tools] == ["shell", "update_plan", "apply_patch"]
+    assert conv.tools[2].parameters["required"] == ["input"]
 
 
 def test_pi_request_reasoning_comes_back_from_encrypted_content():
@@ -171,6 +174,54 @@ def test_interleaved_reasoning_opens_a_new_item_and_parses_back_as_one_turn():
     body = {"model": "m", "input": [{"role": "user", "content": "q"}, *output]}
     conv = responses.parse_request(body, "/v1/responses")
     assert conv.messages[-1] == Message("assistant", "A", "r1\nr2")
+
+
+# codex 0.171's default model: its tools in an `additional_tools` input item, namespaced, `exec` free-form (raw
+# text input with a grammar), beside a plain function; before, the proxy answered 400 for the item type
+DEFAULT_MODEL_BODY = {"model": "gpt-5.4-codex", "stream": True, "input": [
+    {"type": "additional_tools", "role": "developer", "tools": [{"type": "namespace", "name": "functions", "tools": [
+        {"type": "custom", "name": "exec", "description": "Runs a shell command.",
+         "format": {"type": "grammar", "syntax": "lark", "definition": "start: /.+/"}},
+        {"type": "function", "name": "update_plan", "description": "Plan.", "parameters": {"type": "object"}}]}]},
+    {"role": "user", "content": [{"type": "input_text", "text": "list the files"}]},
+    {"type": "custom_tool_call", "call_id": "c0", "name": "exec", "input": "pwd"},
+    {"type": "custom_tool_call_output", "call_id": "c0", "output": "/work"},
+], "tools": [{"type": "web_search"}]}
+
+
+def test_additional_tools_namespaces_and_custom_tools_are_offered():
+    conv = responses.parse_request(DEFAULT_MODEL_BODY, "/v1/responses")
+    exec_tool, plan = conv.tools
+    assert (exec_tool.name, plan.name) == ("exec", "update_plan")
+    assert exec_tool.description == "Runs a shell command.\n\nThe input follows this lark grammar:\nstart: /.+/"
+    assert exec_tool.parameters["properties"]["input"]["type"] == "string"
+    user, turn, result = conv.messages
+    assert user == Message("user", "list the files") and turn.tool_calls[0].args() == {"input": "pwd"}
+    assert (result.name, result.content) == ("exec", "/work")
+    assert responses.encoder_options(DEFAULT_MODEL_BODY) == {"custom_tools": frozenset({"exec"})}
+    assert responses.encoder_options({"model": "m", "input": "x"}) == {}
+
+
+def test_a_custom_tool_call_goes_back_as_the_sdk_reads_it():
+    """The model called `exec` (offered as a function of `input`): a custom_tool_call item with the raw text, in
+    the response and the stream alike, which the SDK parses and the next request parses back."""
+    calls = (ToolCall("call_1", "exec", '{"input": "ls -la"}'), ToolCall("call_2", "update_plan", '{"plan": []}'))
+    c = Completion("resp_c1", "m", "", None, calls, "tool_calls", 10, 5)
+    options = responses.encoder_options(DEFAULT_MODEL_BODY)
+    rendered = responses.render_response(c, **options)
+    plain = Response.model_validate(rendered)
+    assert [(i.type, getattr(i, "input", None)) for i in plain.output] == [("custom_tool_call", "ls -la"),
+                                                                           ("function_call", None)]
+    enc = responses.StreamEncoder(c.id, c.model, **options)
+    data = enc.start() + b"".join(enc.feed(ToolCallDone(i, call)) for i, call in enumerate(calls)) + enc.finish(c)
+    records = sse_payloads(data)
+    for _, payload in records:
+        EVENT.validate_python(payload)
+    assert [p["delta"] for _, p in records if p["type"] == "response.custom_tool_call_input.delta"] == ["ls -la"]
+    assert records[-1][1]["response"]["output"] == rendered["output"]
+    body = {**DEFAULT_MODEL_BODY, "input": [*DEFAULT_MODEL_BODY["input"], *[
+        {k: v for k, v in item.items() if k not in ("id", "status")} for item in rendered["output"]]]}
+    assert responses.parse_request(body, "/v1/responses").messages[-1].tool_calls == calls
 
 
 def test_errors_reach_the_sdk_as_its_own_exceptions():
