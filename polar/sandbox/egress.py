@@ -10,7 +10,9 @@ nothing the agent left is running there.
 
 - `CONNECT host:port` (HTTPS, any TLS client): tunnelled when the host is allowed, else 403.
 - `GET http://host/path` (plain HTTP: apt's mirrors): forwarded when allowed, one request per connection.
-Only ports 80 and 443. Each request is one JSON line in the log: host, port, method, allowed, and why not.
+Only ports 80 and 443; a listed name that resolves to a loopback or private address is refused (only an
+operator's `host=target:port` reaches one). Each request is one JSON line in the log: host, port, method,
+allowed, and why not.
 
 The list (`--verifier-hosts`, POLAR_VERIFIER_HOSTS): host names, `*.domain` for any name under a domain, and
 `host=target:port` to send a host elsewhere (a local mirror; the tests' stand-ins on 127.0.0.1).
@@ -18,6 +20,7 @@ The list (`--verifier-hosts`, POLAR_VERIFIER_HOSTS): host names, `*.domain` for 
 from __future__ import annotations
 
 import fnmatch
+import ipaddress
 import json
 import os
 import re
@@ -89,9 +92,10 @@ def parse_hosts(entries: Iterable[str]) -> Allowlist:
     return Allowlist(tuple(patterns), targets)
 
 
-def default_allowlist() -> Allowlist:
-    """POLAR_VERIFIER_HOSTS when set, else DEFAULT_HOSTS."""
-    return parse_hosts([os.environ[HOSTS_ENV]] if os.environ.get(HOSTS_ENV, "").strip() else DEFAULT_HOSTS)
+def default_allowlist(env: Mapping[str, str] | None = None) -> Allowlist:
+    """POLAR_VERIFIER_HOSTS of `env` (default: ours) when set, else DEFAULT_HOSTS."""
+    given = (os.environ if env is None else env).get(HOSTS_ENV, "").strip()
+    return parse_hosts([given] if given else DEFAULT_HOSTS)
 
 
 class EgressProxy:
@@ -146,7 +150,7 @@ class EgressProxy:
                            + f"polar: the verifier may not reach {host}:{port}: {why}\n".encode())
             return
         try:
-            upstream = socket.create_connection(self.allow.target(host, port), CONNECT_TIMEOUT_S)
+            upstream = self._connect(host, port)
         except OSError as e:
             self._record(method, host, port, f"connect failed: {e}")
             client.sendall(b"HTTP/1.1 502 Bad Gateway\r\nConnection: close\r\n\r\n")
@@ -158,6 +162,26 @@ class EgressProxy:
             if request:
                 upstream.sendall(request)
             _splice(client, upstream)
+
+    def _connect(self, host: str, port: int) -> socket.socket:
+        """A connection to the host (or where the list sends it). A listed name that resolves to this node or a
+        private network is refused: a name is no way to the node's own services (its Redis, its engine); only an
+        operator's `host=target:port` goes there."""
+        if host.lower().rstrip(".") in self.allow.targets:
+            return socket.create_connection(self.allow.target(host, port), CONNECT_TIMEOUT_S)
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        inside = [info[4][0] for info in infos if not ipaddress.ip_address(info[4][0].split("%")[0]).is_global]
+        if inside:
+            raise OSError(f"{host} resolves to {inside[0]}, not a public address")
+        family, kind, proto, _name, address = infos[0]
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.settimeout(CONNECT_TIMEOUT_S)
+            sock.connect(address)  # the address checked, not a second lookup
+        except OSError:
+            sock.close()
+            raise
+        return sock
 
     def _record(self, method: str, host: str | None, port: int, why: str) -> None:
         line = {"t": round(time.time(), 3), "method": method, "host": host, "port": port, "allowed": not why}
@@ -184,22 +208,22 @@ def _parse(head: bytes) -> tuple[str, str | None, int, bytes]:
     """(method, host, port, the bytes to send upstream) of a proxy request; host None when it is not one. A
     plain-HTTP request is rewritten to origin form with `Connection: close` and no Proxy-* headers; after a
     CONNECT, what the client sent past its head (a TLS hello) goes up the tunnel."""
-    top, _, rest = head.partition(b"\r\n")
-    parts = top.decode("latin-1").split(" ")
+    end = head.index(b"\r\n\r\n")
+    lines, past = head[:end].split(b"\r\n"), head[end + 4:]
+    parts = lines[0].decode("latin-1").split(" ")
     if len(parts) != 3:
         return "?", None, 0, b""
     method, target, version = parts
     if method == "CONNECT":
         host, _, port = target.rpartition(":")
-        return method, (host.strip("[]") or None), int(port) if port.isdigit() else 0, rest.partition(b"\r\n\r\n")[2]
+        return method, host.strip("[]") or None, int(port) if port.isdigit() else 0, past
     if not target.lower().startswith("http://"):
         return method, None, 0, b""
     authority, slash, path = target[7:].partition("/")
     host, _, port = authority.rpartition(":") if ":" in authority else (authority, "", "80")
-    headers, _, body = rest.partition(b"\r\n\r\n")
-    kept = [h for h in headers.split(b"\r\n") if h and not h.lower().startswith((b"proxy-", b"connection:"))]
+    kept = [h for h in lines[1:] if h and not h.lower().startswith((b"proxy-", b"connection:"))]
     request = "\r\n".join([f"{method} {slash}{path} {version}", *(h.decode("latin-1") for h in kept),
-                           "Connection: close", "", ""]).encode("latin-1") + body
+                           "Connection: close", "", ""]).encode("latin-1") + past
     return method, host or None, int(port) if port.isdigit() else 0, request
 
 

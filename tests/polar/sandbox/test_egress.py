@@ -95,6 +95,19 @@ def test_allowed_hosts_are_reached_and_others_refused_and_logged(tmp_path, mirro
     assert not (tmp_path / "egress.sock").exists()  # removed with the proxy
 
 
+def test_a_listed_name_that_resolves_to_this_node_is_refused(tmp_path, mirror):
+    """`localhost` on the list still reaches nothing of the node's own (its Redis, its engine): only an operator's
+    `host=target:port` may name a loopback or private address."""
+    port, asked = mirror
+    log = tmp_path / "egress.jsonl"
+    with EgressProxy(tmp_path / "egress.sock", parse_hosts(["localhost"]), log) as proxy:
+        answer = ask(proxy.path, f"CONNECT localhost:443 HTTP/1.1\r\n\r\nGET / HTTP/1.1\r\n\r\n".encode())
+    assert answer.startswith(b"HTTP/1.1 502") and asked == []
+    line = log_lines(log)[-1]
+    assert (line["host"], line["allowed"]) == ("localhost", False)
+    assert line["why"].startswith("connect failed: localhost resolves to 127.0.0.1") or "::1" in line["why"], line
+
+
 def test_the_list_forms_and_its_errors():
     allow = parse_hosts(["pypi.org, *.debian.org", "mirror.test=127.0.0.1:8080"])
     assert allow.allows("pypi.org") and allow.allows("deb.debian.org") and allow.allows("PyPI.org.")
