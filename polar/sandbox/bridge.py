@@ -27,6 +27,7 @@ BACKLOG = 128
 # keeps a runaway agent from holding the proxy's or the worker's sockets for its siblings.
 MAX_CONNECTIONS = 64
 CONNECT_TIMEOUT_S = 10.0
+UNIX_PATH_MAX = 107  # bytes of a socket file's path, its terminating NUL aside
 READ, WRITE = selectors.EVENT_READ, selectors.EVENT_WRITE
 
 
@@ -161,11 +162,25 @@ def _unix_connected(path: str) -> socket.socket:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(CONNECT_TIMEOUT_S)
     try:
-        sock.connect(path)
+        if len(path.encode()) <= UNIX_PATH_MAX:
+            sock.connect(path)
+        else:
+            unix_at_length(sock.connect, path)
     except OSError:
         sock.close()
         raise
     return sock
+
+
+def unix_at_length(op: Callable[[str], None], path: str) -> None:
+    """bind or connect a socket file whose path passes AF_UNIX's 108 bytes (a batch's sample folder can): through a
+    descriptor of its folder, /proc/self/fd/N/NAME."""
+    folder, name = os.path.split(path)
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        op(f"/proc/self/fd/{fd}/{name}")
+    finally:
+        os.close(fd)
 
 
 class UnixToTcp(Forwarder):

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator, Mapping, Sequence
 
+from polar.sandbox.bridge import unix_at_length
 from polar.sandbox.runtime import ExecResult, Sandbox
 
 # What terminal-bench 2 verifiers fetch: Debian's and Ubuntu's package mirrors (apt-get install curl), PyPI and
@@ -117,8 +118,14 @@ class EgressProxy:
                 finally:
                     proxy.slots.release()
 
-        self.server = socketserver.ThreadingUnixStreamServer(str(path), Handler)
+        self.server = socketserver.ThreadingUnixStreamServer(str(path), Handler, bind_and_activate=False)
         self.server.daemon_threads = True
+        try:  # a batch's verify folder can pass AF_UNIX's 108 bytes: bound through the folder's descriptor
+            unix_at_length(self.server.socket.bind, str(path))
+            self.server.server_activate()
+        except OSError:
+            self.server.server_close()
+            raise
         os.chmod(path, 0o666)  # the sandbox's user is another host uid
         self.path = path
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)

@@ -108,6 +108,28 @@ def test_a_listed_name_that_resolves_to_this_node_is_refused(tmp_path, mirror):
     assert line["why"].startswith("connect failed: localhost resolves to 127.0.0.1") or "::1" in line["why"], line
 
 
+def test_a_socket_path_past_af_unix_length_still_serves(tmp_path, mirror):
+    """A batch's verify folder can pass AF_UNIX's 108 bytes: the proxy binds and the in-sandbox forwarder connects
+    through the folder's descriptor (before: `OSError: AF_UNIX path too long`, every such sample masked)."""
+    from polar.sandbox import bridge
+    from polar_mitm.launch import free_port
+
+    port, asked = mirror
+    folder = tmp_path / ("b20261207-213027-a77594." + "x" * 60) / "verify" / "shared"
+    folder.mkdir(parents=True)
+    assert len(str(folder / "egress.sock")) > 108
+    with EgressProxy(folder / "egress.sock", parse_hosts([f"mirror.test=127.0.0.1:{port}"]), tmp_path / "l"):
+        inside = free_port()
+        forwarder = bridge.tcp_to_unix("127.0.0.1", inside, str(folder / "egress.sock"))
+        try:
+            with socket.create_connection(("127.0.0.1", inside), timeout=20) as s:
+                s.sendall(b"GET http://mirror.test/deep HTTP/1.1\r\nHost: mirror.test\r\n\r\n")
+                answer = b"".join(iter(lambda: s.recv(65536), b""))
+        finally:
+            forwarder.close()
+    assert answer.startswith(b"HTTP/1.0 200") and asked == ["/deep"]
+
+
 def test_the_list_forms_and_its_errors():
     allow = parse_hosts(["pypi.org, *.debian.org", "mirror.test=127.0.0.1:8080"])
     assert allow.allows("pypi.org") and allow.allows("deb.debian.org") and allow.allows("PyPI.org.")
