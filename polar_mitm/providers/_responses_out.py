@@ -197,34 +197,24 @@ class StreamEncoder:
                                  delta=text, logprobs=[])
 
     def _call(self, call: ToolCall) -> bytes:
-        if call.name in self._custom:
-            return self._custom_call(call)
+        """One call item: added, its arguments (a custom tool's raw input) as delta and done, then done."""
         out = self._close_item()
-        where = self._where("fc")
+        custom = call.name in self._custom
+        where = self._where("ctc" if custom else "fc")
         index, iid = where["output_index"], where["item_id"]
         self._calls += 1
-        done = call_item(iid, call)
+        if custom:
+            done, started = custom_item(iid, call), custom_item(iid, call, "in_progress", "")
+            text = done["input"]
+            fields = [("response.custom_tool_call_input.delta", {"delta": text}),
+                      ("response.custom_tool_call_input.done", {"input": text})]
+        else:
+            done, started = call_item(iid, call), call_item(iid, call, "in_progress", "")
+            fields = [("response.function_call_arguments.delta", {"delta": call.arguments}),
+                      ("response.function_call_arguments.done", {"name": call.name, "arguments": call.arguments})]
         self._output.append(done)
-        return (out
-                + self._event("response.output_item.added", output_index=index,
-                              item=call_item(iid, call, "in_progress", ""))
-                + self._event("response.function_call_arguments.delta", **where, delta=call.arguments)
-                + self._event("response.function_call_arguments.done", **where, name=call.name,
-                              arguments=call.arguments)
-                + self._event("response.output_item.done", output_index=index, item=done))
-
-    def _custom_call(self, call: ToolCall) -> bytes:
-        out = self._close_item()
-        where = self._where("ctc")
-        index, iid = where["output_index"], where["item_id"]
-        self._calls += 1
-        done = custom_item(iid, call)
-        self._output.append(done)
-        return (out
-                + self._event("response.output_item.added", output_index=index,
-                              item=custom_item(iid, call, "in_progress", ""))
-                + self._event("response.custom_tool_call_input.delta", **where, delta=done["input"])
-                + self._event("response.custom_tool_call_input.done", **where, input=done["input"])
+        return (out + self._event("response.output_item.added", output_index=index, item=started)
+                + b"".join(self._event(kind, **where, **extra) for kind, extra in fields)
                 + self._event("response.output_item.done", output_index=index, item=done))
 
     def feed(self, event: ReplyEvent) -> bytes:
