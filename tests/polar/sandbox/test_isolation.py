@@ -316,7 +316,8 @@ def host_uid_of(cmdline: str, deadline_s: float = 60) -> int:
 @pytest.mark.parametrize("runtime", ISOLATED)
 def test_sandbox_holds_no_host_privilege(runtime, tmp_path):
     """From inside, started by root: no sysctl, /proc/sysrq-trigger or /sys write; the sandbox's process is not
-    uid 0 on the host (under podman it is root inside, polar-sandbox's first subordinate id outside); a mode-4755 file it leaves is no setuid file on the host; a 500 GB fallocate fails
+    uid 0 on the host (under podman it is root inside, polar-sandbox's first subordinate id outside); a mode-4755
+    file it leaves is no setuid file on the host; a 500 GB fallocate fails
     inside (RLIMIT_FSIZE) and takes nothing from the host's disk."""
     m = mounts_in(tmp_path)
     free_before = shutil.disk_usage(m.workspace).free
