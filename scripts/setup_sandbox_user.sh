@@ -11,6 +11,7 @@ source scripts/lib.sh
 
 user=polar-sandbox
 shell=/bin/sh
+changed=0
 if getent passwd "$user" > /dev/null; then
   if [ "$(getent passwd "$user" | cut -d: -f7)" != "$shell" ]; then
     [ "$(id -u)" = 0 ] || die "user $user has no $shell shell and we are not root to change it"
@@ -22,8 +23,9 @@ else
   useradd --system --user-group --no-create-home --home-dir /nonexistent --shell "$shell" \
     --comment "Polar sandboxes (unprivileged)" "$user" || die "could not create the $user user"
   info "created user $user (uid $(id -u "$user"), gid $(id -g "$user"))"
+  changed=1
 fi
-[ "$(id -u)" = 0 ] || exit 0
+[ "$(id -u)" = 0 ] || { step_status skipped; exit 0; }
 for file in /etc/subuid /etc/subgid; do
   touch "$file"
   if grep -q "^$user:" "$file"; then
@@ -34,4 +36,6 @@ for file in /etc/subuid /etc/subgid; do
   start=$(awk -F: 'BEGIN { end = 100000 } { if ($2 + $3 > end) end = $2 + $3 } END { print end }' "$file")
   echo "$user:$start:65536" >> "$file"
   info "$file: $user:$start:65536 added"
+  changed=1
 done
+[ "$changed" = 1 ] || step_status skipped
