@@ -86,6 +86,9 @@ def serve(args: argparse.Namespace) -> int:
     if (down := redis_down(args.broker)) is not None:  # one line, not uvicorn's startup traceback
         print(f"polar api: {down}", file=sys.stderr)
         return 1
+    # where batch folders go, said before anything is written there (the default is the current folder's)
+    print(f"polar api: batches in {config.out} (--out), tasks read under {config.tasks_root} (--tasks-root)",
+          file=sys.stderr, flush=True)
     uvicorn.run(create_app(config, retry), host=args.host, port=args.port, log_level="info",
                 timeout_graceful_shutdown=3)
     return 0

@@ -325,6 +325,8 @@ def test_a_harbor_folder_over_http(api: Api):
     with api.http() as c:  # a folder outside the tasks root is refused, naming the field
         refused = c.post("/api/tasks", json={"harness": "pi", "harbor": str(ROOT / "fixtures" / "harbor")})
     assert refused.status_code == 422 and "harbor" in refused.text and "outside" in refused.text, refused.text
+    said = f"polar api: batches in {api.root / 'batches'} (--out), tasks read under {api.root} (--tasks-root)"
+    assert said in api.log.read_text()  # where its folders go, said at start (issue 71 item 8)
 
 
 def test_dashboard_in_headless_chromium(api: Api, tmp_path: Path):
