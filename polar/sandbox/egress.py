@@ -63,16 +63,24 @@ class Allowlist:
     targets: dict[str, tuple[str, int]] = field(default_factory=dict)  # host -> (target host, port)
 
     def allows(self, host: str) -> bool:
-        host = host.lower().rstrip(".")
-        return any(fnmatch.fnmatchcase(host, p) for p in self.patterns)
+        return any(fnmatch.fnmatchcase(_name(host), p) for p in self.patterns)
+
+    def mapped(self, host: str) -> tuple[str, int] | None:
+        """Where an operator's `host=target:port` sends `host` (None: nowhere but itself)."""
+        return self.targets.get(_name(host))
 
     def target(self, host: str, port: int) -> tuple[str, int]:
-        return self.targets.get(host.lower().rstrip("."), (host, port))
+        return self.mapped(host) or (host, port)
 
     def entries(self) -> tuple[str, ...]:
         """The list again as parse_hosts reads it (a sample's state keeps it)."""
         return tuple(f"{p}={self.targets[p][0]}:{self.targets[p][1]}" if p in self.targets else p
                      for p in self.patterns)
+
+
+def _name(host: str) -> str:
+    """A host name as the list compares it: lower case, no trailing dot."""
+    return host.lower().rstrip(".")
 
 
 def parse_hosts(entries: Iterable[str]) -> Allowlist:
@@ -81,7 +89,7 @@ def parse_hosts(entries: Iterable[str]) -> Allowlist:
     patterns, targets = [], {}
     for entry in (e for item in entries for e in item.replace(",", " ").split()):
         name, sep, target = entry.partition("=")
-        name = name.lower().rstrip(".")
+        name = _name(name)
         if not HOST_NAME.match(name):
             raise EgressError(f"verifier hosts: {entry!r} is not a host name, *.domain or host=target:port")
         if sep:
@@ -174,8 +182,8 @@ class EgressProxy:
         """A connection to the host (or where the list sends it). A listed name that resolves to this node or a
         private network is refused: a name is no way to the node's own services (its Redis, its engine); only an
         operator's `host=target:port` goes there."""
-        if host.lower().rstrip(".") in self.allow.targets:
-            return socket.create_connection(self.allow.target(host, port), CONNECT_TIMEOUT_S)
+        if (to := self.allow.mapped(host)) is not None:
+            return socket.create_connection(to, CONNECT_TIMEOUT_S)
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
         inside = [info[4][0] for info in infos if not ipaddress.ip_address(info[4][0].split("%")[0]).is_global]
         if inside:

@@ -22,6 +22,8 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from polar.sandbox.bridge import unix_at_length
+
 CHANNEL_LIMIT = 8 << 20  # bytes the parent reads from the runner at most
 CONNECT_GRACE_S = 30.0  # the runner connects before it imports anything heavy
 
@@ -49,11 +51,7 @@ class Channel:
         self.records = Records()
         self._conn: socket.socket | None = None
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        dir_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:  # through the folder's fd: a sample folder's path may pass AF_UNIX's 108 bytes
-            self._listener.bind(f"/proc/self/fd/{dir_fd}/{self.path.name}")
-        finally:
-            os.close(dir_fd)
+        unix_at_length(self._listener.bind, str(self.path))  # a sample folder's path may pass AF_UNIX's 108 bytes
         os.chmod(self.path, 0o666)  # the sandbox's user (polar-sandbox, or a mapped uid) connects
         self._listener.listen(1)
         self._thread = threading.Thread(target=self._serve, daemon=True)
